@@ -1,0 +1,67 @@
+# gpupool developer entry points. Everything runs from the repo's virtualenv (.venv).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+export GPUPOOL_CACHE ?= $(HOME)/.cache/gpupool
+
+.PHONY: help venv simulate test test-unit test-e2e lint fmt bench bench-sim bench-deviceplugin \
+        bench-cluster-infra proto cluster-bins cluster-up cluster-down clean
+
+help:
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
+
+$(VPY): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[dev]'
+	@touch $(VPY)
+
+venv: $(VPY) ## create .venv and install gpupool with dev extras
+
+simulate: $(VPY) ## main job: replay the bundled Alibaba trace with every policy (table, JSON, plot in out/)
+	@mkdir -p out
+	$(VENV)/bin/gpupool simulate --policy all --json out/simulate.json --plot out/simulate.png
+
+test: $(VPY) ## lint + every test, e2e included (builds/starts the local control plane)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VPY) -m pytest -q
+
+test-unit: $(VPY) ## tests that need no control plane
+	$(VPY) -m pytest -q -m 'not e2e'
+
+test-e2e: $(VPY) ## only the tests against the real kube-apiserver + etcd + kwok
+	$(VPY) -m pytest -q -m e2e
+
+lint: $(VPY) ## ruff
+	$(VENV)/bin/ruff check src tests benchmarks
+
+fmt: $(VPY)
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+bench: $(VPY) ## all benchmarks: JSON + table in out/bench/
+	$(MAKE) bench-sim bench-deviceplugin
+
+bench-sim: $(VPY) ## simulator wall time per policy + per-decision cost at 1k/5k/20k nodes
+	$(VPY) -m benchmarks.bench_placement --out out/bench
+
+bench-deviceplugin: $(VPY) ## device plugin ListAndWatch/Allocate latency and RSS
+	$(VPY) -m benchmarks.bench_deviceplugin --out out/bench
+
+bench-cluster-infra: $(VPY) ## 1000 fake GPU nodes + 10k pods: bring-up time and memory
+	$(VPY) -m benchmarks.bench_cluster_infra --out out/bench
+
+proto: $(VPY) ## regenerate the kubelet device plugin v1beta1 stubs from proto/
+	$(VPY) hack/gen_proto.py
+
+cluster-bins: ## build kube-apiserver/scheduler/controller-manager, kwok, helm (cached by version)
+	bash hack/cluster/build-bins.sh
+
+cluster-up: $(VPY) cluster-bins ## start etcd + kube-apiserver + kwok on 127.0.0.1 (reuses a running one)
+	bash hack/cluster/up.sh
+
+cluster-down: ## stop the local control plane (by pid)
+	bash hack/cluster/down.sh
+
+clean:
+	rm -rf out build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,46 @@
+"""`gpupool` command line: one sub-command per module, each registering its own parser."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module path -> it exposes `register(subparsers)`; each parser sets `func(args) -> int`
+SUBCOMMANDS = (
+    "gpupool_sched.simulate.cli",
+    "gpupool_sched.devcluster.cli",
+)
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as one clear line, exit code 2, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpupool", description="gpupool: one GPU pool for training and inference")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a sub-command still being built must not break the others
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"gpupool {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
