@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Generate the kubelet device plugin v1beta1 Python stubs from proto/ (grpcio-tools).
+
+    python hack/gen_proto.py           # (re)write src/gpupool_deviceplugin/api/v1beta1/api_pb2*.py
+    python hack/gen_proto.py --check   # exit 1 if the committed stubs differ from a fresh generation
+
+protoc writes `from v1beta1 import api_pb2` into the gRPC module (the import follows the .proto path);
+we rewrite it to the package path so the stubs import from anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO_ROOT = ROOT / "proto"
+PROTO_FILE = "v1beta1/api.proto"
+OUT_DIR = ROOT / "src" / "gpupool_deviceplugin" / "api" / "v1beta1"
+GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
+IMPORT_FROM = "from v1beta1 import api_pb2 as"
+IMPORT_TO = "from gpupool_deviceplugin.api.v1beta1 import api_pb2 as"
+
+
+def generate() -> dict[str, str]:
+    """Run protoc in-process; return {file name: text} after the import rewrite."""
+    from grpc_tools import protoc  # dev dependency, only needed here
+
+    include = Path(protoc.__file__).parent / "_proto"
+    with tempfile.TemporaryDirectory() as tmp:
+        rc = protoc.main([
+            "grpc_tools.protoc",
+            f"-I{PROTO_ROOT}",
+            f"-I{include}",
+            f"--python_out={tmp}",
+            f"--pyi_out={tmp}",
+            f"--grpc_python_out={tmp}",
+            str(PROTO_ROOT / PROTO_FILE),
+        ])
+        if rc != 0:
+            raise SystemExit(f"protoc failed with exit code {rc}")
+        out = {}
+        for name in GENERATED:
+            text = (Path(tmp) / "v1beta1" / name).read_text()
+            out[name] = text.replace(IMPORT_FROM, IMPORT_TO)
+    if IMPORT_TO not in out["api_pb2_grpc.py"]:
+        raise SystemExit("unexpected protoc output: the api_pb2 import of the gRPC module was not found")
+    return out
+
+
+def check(fresh: dict[str, str]) -> list[str]:
+    """Names of generated files whose committed copy differs from `fresh` (with a unified diff)."""
+    problems = []
+    for name, text in fresh.items():
+        path = OUT_DIR / name
+        committed = path.read_text() if path.exists() else ""
+        if committed != text:
+            diff = difflib.unified_diff(committed.splitlines(), text.splitlines(),
+                                        f"committed/{name}", f"generated/{name}", lineterm="", n=1)
+            problems.append(f"{name} is out of date:\n" + "\n".join(list(diff)[:40]))
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = parser.parse_args(argv)
+    fresh = generate()
+    if args.check:
+        problems = check(fresh)
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        if problems:
+            print("stubs drifted from proto/: run `make proto`", file=sys.stderr)
+            return 1
+        print("proto stubs up to date")
+        return 0
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    for name, text in fresh.items():
+        (OUT_DIR / name).write_text(text)
+    for pkg in (OUT_DIR, OUT_DIR.parent):
+        init = pkg / "__init__.py"
+        if not init.exists():
+            init.write_text('"""Generated kubelet device plugin API stubs (see proto/ and hack/gen_proto.py)."""\n')
+    print(f"wrote {', '.join(GENERATED)} to {OUT_DIR.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

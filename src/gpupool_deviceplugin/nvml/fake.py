@@ -1,0 +1,425 @@
+"""A fake NVML library: the same function names, signatures, return types and exceptions as `pynvml`,
+answering from a node profile instead of a driver.
+
+This is the only fake in gpupool. Everything above it (discovery, health, the gRPC servers) runs the
+production code path against it. Return values are pynvml's own ctypes structures where pynvml returns
+one (nvmlPciInfo_t, c_nvmlMemory_t, c_nvmlDeviceAttributes, c_nvmlGpuInstanceInfo_t); handles are
+opaque objects, as real handles are to callers; errors are `pynvml.NVMLError` with the real codes.
+
+Health events are injected through an append-only JSON-lines file that a separate process (a test, an
+operator) can write while the plugin runs:
+
+    {"uuid": "GPU-...", "xid": 79}                 # Xid critical error on a GPU
+    {"uuid": "MIG-...", "xid": 31}                 # ...on one MIG device (GPU + GI/CI ids in the event)
+    {"uuid": "GPU-...", "event": "double_bit_ecc"} # uncorrectable ECC error
+    {"uuid": "GPU-...", "lost": true}              # every call on this GPU now fails with GPU_IS_LOST
+    {"uuid": "GPU-...", "lost": false}             # ...and recovers
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid as uuidlib
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from gpupool_deviceplugin.nvml.profile import FakeProfile, load_profile
+
+_UUID_NAMESPACE = uuidlib.UUID("6f1c3c2e-4f0b-4d7e-9a51-8a1b0c6e2d90")
+_NOT_A_MIG_ID = 0xFFFFFFFF
+_SUPPORTED_EVENTS = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+                     | pynvml.nvmlEventTypeSingleBitEccError)
+_EVENT_NAMES = {
+    "xid": pynvml.nvmlEventTypeXidCriticalError,
+    "double_bit_ecc": pynvml.nvmlEventTypeDoubleBitEccError,
+    "single_bit_ecc": pynvml.nvmlEventTypeSingleBitEccError,
+}
+
+
+def fake_gpu_uuid(seed: str, index: int) -> str:
+    """Deterministic GPU UUID: the same node name and index always give the same UUID."""
+    return f"GPU-{uuidlib.uuid5(_UUID_NAMESPACE, f'{seed}/gpu/{index}')}"
+
+
+def fake_mig_uuid(seed: str, index: int, gpu_instance_id: int) -> str:
+    return f"MIG-{uuidlib.uuid5(_UUID_NAMESPACE, f'{seed}/gpu/{index}/gi/{gpu_instance_id}')}"
+
+
+def _error(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+@dataclass(frozen=True, eq=False)
+class FakeDeviceHandle:
+    """Opaque device handle; `mig` is the position in the parent's MIG list for MIG devices."""
+
+    gpu: int
+    mig: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class FakeGpuInstanceHandle:
+    gpu: int
+    gpu_instance_id: int
+
+
+@dataclass
+class FakeEventData:
+    """Field-for-field what pynvml's c_nvmlEventData_t carries."""
+
+    device: FakeDeviceHandle
+    eventType: int  # noqa: N815 - NVML's field name
+    eventData: int  # noqa: N815
+    gpuInstanceId: int  # noqa: N815
+    computeInstanceId: int  # noqa: N815
+
+
+@dataclass(eq=False)
+class FakeEventSet:
+    registered: dict[int, int] = field(default_factory=dict)  # gpu index -> event mask
+    offset: int = 0
+    pending: deque[FakeEventData] = field(default_factory=deque)
+
+
+@dataclass(frozen=True)
+class _Mig:
+    uuid: str
+    profile: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    placement: int
+
+
+class FakeNvml:
+    """Module-like stand-in for `pynvml`, built from a FakeProfile.
+
+    `seed` makes UUIDs unique per node (the node name); `events_file` is the injection channel.
+    """
+
+    def __init__(self, profile: FakeProfile | str, *, seed: str | None = None,
+                 events_file: str | Path | None = None, poll_interval_s: float = 0.02) -> None:
+        self.profile = load_profile(profile) if isinstance(profile, str) else profile
+        self.seed = seed or self.profile.name
+        self.events_file = Path(events_file) if events_file else None
+        self._poll = poll_interval_s
+        self._lock = threading.Lock()
+        self._init_attempts = 0
+        self._initialized = 0
+        self._lost: set[int] = set()
+        self._start_offset = self._file_size()
+        p = self.profile
+        self._gpu_uuids = [g.uuid or fake_gpu_uuid(self.seed, g.index) for g in p.gpus]
+        self._gpus = [FakeDeviceHandle(g.index) for g in p.gpus]
+        self._migs: list[list[_Mig]] = []
+        self._mig_handles: list[list[FakeDeviceHandle]] = []
+        for g in p.gpus:
+            migs = []
+            for k, dev in enumerate(g.mig if g.mig_on else ()):
+                gi = k + 1
+                migs.append(_Mig(dev.uuid or fake_mig_uuid(self.seed, g.index, gi), dev.profile, gi, 0, dev.placement))
+            self._migs.append(migs)
+            self._mig_handles.append([FakeDeviceHandle(g.index, k) for k in range(len(migs))])
+
+    # -- library -------------------------------------------------------------------------------
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names throughout
+        with self._lock:
+            self._init_attempts += 1
+            if self._init_attempts <= self.profile.nvml.init_failures:
+                raise _error(getattr(pynvml, f"NVML_ERROR_{self.profile.nvml.init_error}"))
+            self._initialized += 1
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        with self._lock:
+            self._require_init()
+            self._initialized -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        self._require_init()
+        return self.profile.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
+        self._require_init()
+        return self.profile.cuda_driver_version
+
+    # -- devices -------------------------------------------------------------------------------
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        self._require_init()
+        return len(self._gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeDeviceHandle:  # noqa: N802
+        self._require_init()
+        if not 0 <= index < len(self._gpus):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._gpus[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeDeviceHandle:  # noqa: N802
+        self._require_init()
+        for i, u in enumerate(self._gpu_uuids):
+            if u == uuid:
+                return self._gpus[i]
+        for i, migs in enumerate(self._migs):
+            for k, m in enumerate(migs):
+                if m.uuid == uuid:
+                    return self._mig_handles[i][k]
+        raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetIndex(self, handle: FakeDeviceHandle) -> int:  # noqa: N802
+        self._check(handle)
+        return handle.gpu
+
+    def nvmlDeviceGetMinorNumber(self, handle: FakeDeviceHandle) -> int:  # noqa: N802
+        self._check(handle)
+        return handle.gpu
+
+    def nvmlDeviceGetUUID(self, handle: FakeDeviceHandle) -> str:  # noqa: N802
+        self._check(handle)
+        if handle.mig is not None:
+            return self._migs[handle.gpu][handle.mig].uuid
+        return self._gpu_uuids[handle.gpu]
+
+    def nvmlDeviceGetName(self, handle: FakeDeviceHandle) -> str:  # noqa: N802
+        self._check(handle)
+        product = self.profile.gpu_product(handle.gpu)
+        if handle.mig is not None:
+            return f"{product} MIG {self._migs[handle.gpu][handle.mig].profile}"
+        return product
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeDeviceHandle, version: int | None = None) -> Any:  # noqa: N802
+        self._check(handle)
+        if handle.mig is not None:
+            mib = self._mig_spec(handle).memory_mib
+        else:
+            mib = self.profile.gpu_memory_mib(handle.gpu)
+        mem = pynvml.c_nvmlMemory_t()
+        mem.total = mib * 1024 * 1024
+        mem.free = mem.total
+        mem.used = 0
+        return mem
+
+    def nvmlDeviceGetPciInfo(self, handle: FakeDeviceHandle) -> Any:  # noqa: N802
+        self._check(handle)
+        return self._pci(self.profile.gpus[handle.gpu].pci_bus_id)
+
+    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: FakeDeviceHandle, device2: FakeDeviceHandle) -> int:  # noqa: N802
+        self._check(device1)
+        self._check(device2)
+        if device1.mig is not None or device2.mig is not None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.profile.pcie_level(device1.gpu, device2.gpu)
+
+    # -- NVLink --------------------------------------------------------------------------------
+    def nvmlDeviceGetNvLinkState(self, device: FakeDeviceHandle, link: int) -> int:  # noqa: N802
+        self._link(device, link)
+        return pynvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: FakeDeviceHandle, link: int) -> Any:  # noqa: N802
+        return self._pci(self._link(device, link)[0])
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: FakeDeviceHandle, link: int) -> int:  # noqa: N802
+        return self._link(handle, link)[1]
+
+    # -- MIG -----------------------------------------------------------------------------------
+    def nvmlDeviceGetMigMode(self, device: FakeDeviceHandle) -> list[int]:  # noqa: N802
+        self._check(device)
+        if not self.profile.mig_capable or device.mig is not None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = int(self.profile.gpus[device.gpu].mig_on)
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeDeviceHandle) -> int:  # noqa: N802
+        self._check(device)
+        if not self.profile.mig_capable:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeDeviceHandle, index: int) -> FakeDeviceHandle:  # noqa: N802
+        self._check(device)
+        if not self.profile.gpus[device.gpu].mig_on:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not 0 <= index < len(self._mig_handles[device.gpu]):
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return self._mig_handles[device.gpu][index]
+
+    def nvmlDeviceIsMigDeviceHandle(self, device: FakeDeviceHandle) -> int:  # noqa: N802
+        self._check(device)
+        return int(device.mig is not None)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: FakeDeviceHandle) -> FakeDeviceHandle:  # noqa: N802, N803
+        self._check(migDevice)
+        if migDevice.mig is None:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._gpus[migDevice.gpu]
+
+    def nvmlDeviceGetGpuInstanceId(self, device: FakeDeviceHandle) -> int:  # noqa: N802
+        return self._mig_of(device).gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, device: FakeDeviceHandle) -> int:  # noqa: N802
+        return self._mig_of(device).compute_instance_id
+
+    def nvmlDeviceGetAttributes(self, device: FakeDeviceHandle) -> Any:  # noqa: N802
+        spec = self._mig_spec(device)
+        attrs = pynvml.c_nvmlDeviceAttributes()
+        attrs.gpuInstanceSliceCount = spec.gpu_instance_slices
+        attrs.computeInstanceSliceCount = spec.compute_instance_slices
+        attrs.multiprocessorCount = 14 * spec.compute_instance_slices
+        attrs.memorySizeMB = spec.memory_mib
+        return attrs
+
+    nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
+
+    def nvmlDeviceGetGpuInstanceById(self, device: FakeDeviceHandle, gpuInstanceId: int) -> FakeGpuInstanceHandle:  # noqa: N802, N803
+        self._check(device)
+        if not any(m.gpu_instance_id == gpuInstanceId for m in self._migs[device.gpu]):
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return FakeGpuInstanceHandle(device.gpu, gpuInstanceId)
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: FakeGpuInstanceHandle) -> Any:  # noqa: N802, N803
+        self._require_init()
+        mig = next(m for m in self._migs[gpuInstance.gpu] if m.gpu_instance_id == gpuInstance.gpu_instance_id)
+        spec = self.profile.mig_profiles[mig.profile]
+        info = pynvml.c_nvmlGpuInstanceInfo_t()
+        info.id = mig.gpu_instance_id
+        info.profileId = spec.profile_id
+        info.placement.start = mig.placement
+        info.placement.size = spec.placement_size
+        return info
+
+    # -- events --------------------------------------------------------------------------------
+    def nvmlEventSetCreate(self) -> FakeEventSet:  # noqa: N802
+        self._require_init()
+        return FakeEventSet(offset=self._start_offset)
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: FakeDeviceHandle) -> int:  # noqa: N802
+        self._check(handle)
+        return _SUPPORTED_EVENTS
+
+    def nvmlDeviceRegisterEvents(self, handle: FakeDeviceHandle, eventTypes: int, eventSet: FakeEventSet) -> None:  # noqa: N802, N803
+        self._check(handle)
+        if eventTypes & ~_SUPPORTED_EVENTS:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        eventSet.registered[handle.gpu] = eventSet.registered.get(handle.gpu, 0) | eventTypes
+
+    def nvmlEventSetWait_v2(self, eventSet: FakeEventSet, timeoutms: int) -> FakeEventData:  # noqa: N802, N803
+        self._require_init()
+        deadline = time.monotonic() + timeoutms / 1000
+        while True:
+            self._drain(eventSet)
+            if eventSet.pending:
+                return eventSet.pending.popleft()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _error(pynvml.NVML_ERROR_TIMEOUT)
+            time.sleep(min(self._poll, remaining))
+
+    nvmlEventSetWait = nvmlEventSetWait_v2
+
+    def nvmlEventSetFree(self, eventSet: FakeEventSet) -> None:  # noqa: N802, N803
+        eventSet.registered.clear()
+        eventSet.pending.clear()
+
+    # -- internals -----------------------------------------------------------------------------
+    def _require_init(self) -> None:
+        if self._initialized <= 0:
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _check(self, handle: FakeDeviceHandle) -> None:
+        self._require_init()
+        if not isinstance(handle, FakeDeviceHandle):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if handle.gpu in self._lost:
+            raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    def _mig_of(self, device: FakeDeviceHandle) -> _Mig:
+        self._check(device)
+        if device.mig is None:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._migs[device.gpu][device.mig]
+
+    def _mig_spec(self, device: FakeDeviceHandle):
+        if device.mig is None:
+            self._check(device)
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.profile.mig_profiles[self._mig_of(device).profile]
+
+    def _pci(self, bus_id: str) -> Any:
+        info = pynvml.nvmlPciInfo_t()
+        domain, bus, rest = bus_id.split(":")
+        info.busId = bus_id.encode()
+        info.busIdLegacy = bus_id[4:].encode()
+        info.domain = int(domain, 16)
+        info.bus = int(bus, 16)
+        info.device = int(rest.split(".")[0], 16)
+        return info
+
+    def _link(self, device: FakeDeviceHandle, link: int) -> tuple[str, int]:
+        """(remote PCI bus id, remote device type) of an active link, or the NVML error."""
+        self._check(device)
+        p = self.profile
+        total = p.links_of(device.gpu)
+        if device.mig is not None or total == 0:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < total:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if p.nvswitch:
+            switch = link % p.nvswitch.switches
+            return f"{0x100 + switch:08X}:00:00.0", pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+        seen = 0
+        for bridge in p.nvlink_bridges:
+            if device.gpu in bridge.gpus:
+                if link < seen + bridge.links:
+                    peer = bridge.gpus[1] if bridge.gpus[0] == device.gpu else bridge.gpus[0]
+                    return p.gpus[peer].pci_bus_id, pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+                seen += bridge.links
+        raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _file_size(self) -> int:
+        try:
+            return self.events_file.stat().st_size if self.events_file else 0
+        except FileNotFoundError:
+            return 0
+
+    def _drain(self, event_set: FakeEventSet) -> None:
+        """Read complete new lines of the events file into the set's queue."""
+        if self.events_file is None:
+            return
+        try:
+            with self.events_file.open("rb") as fh:
+                fh.seek(event_set.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return
+        event_set.offset += end + 1
+        for raw in chunk[: end + 1].splitlines():
+            if raw.strip():
+                self._apply(event_set, json.loads(raw))
+
+    def _apply(self, event_set: FakeEventSet, line: dict[str, Any]) -> None:
+        handle = self.nvmlDeviceGetHandleByUUID(line["uuid"]) if "uuid" in line else None
+        if handle is None:
+            raise ValueError(f"fake NVML event without a known uuid: {line}")
+        if "lost" in line:
+            with self._lock:
+                (self._lost.add if line["lost"] else self._lost.discard)(handle.gpu)
+            return
+        kind = "xid" if "xid" in line else line.get("event", "")
+        event_type = _EVENT_NAMES.get(kind)
+        if event_type is None:
+            raise ValueError(f"fake NVML event of unknown kind: {line}")
+        if not event_set.registered.get(handle.gpu, 0) & event_type:
+            return
+        gi = ci = _NOT_A_MIG_ID
+        if handle.mig is not None:
+            mig = self._migs[handle.gpu][handle.mig]
+            gi, ci = mig.gpu_instance_id, mig.compute_instance_id
+        event_set.pending.append(FakeEventData(self._gpus[handle.gpu], event_type, int(line.get("xid", 0)), gi, ci))

@@ -1,0 +1,242 @@
+"""The narrow NVML interface of gpupool: the only module that calls NVML functions.
+
+`lib` is either the real `pynvml` module or a `FakeNvml`; both expose the same functions and raise
+`pynvml.NVMLError`. Everything else in the device plugin talks to `NvmlSession`, never to `lib`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from gpupool_deviceplugin.nvml.numa import NumaReader, SysfsNuma, TableNuma
+
+NOT_A_MIG_ID = 0xFFFFFFFF
+# Events that can make a device unusable; single-bit ECC errors are corrected by hardware.
+CRITICAL_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+
+
+@dataclass(frozen=True)
+class NvLinkEnd:
+    """The far end of one active NVLink."""
+
+    remote_bus_id: str
+    remote_is_switch: bool
+
+
+@dataclass(frozen=True)
+class MigInfo:
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    gpu_instance_slices: int
+    compute_instance_slices: int
+    memory_mib: int
+    placement_start: int | None
+    placement_size: int | None
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """One NVML event, resolved to the GPU's UUID (and GI/CI when it names a MIG device)."""
+
+    gpu_uuid: str
+    event_type: int
+    xid: int
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+
+    @property
+    def is_xid(self) -> bool:
+        return bool(self.event_type & pynvml.nvmlEventTypeXidCriticalError)
+
+    @property
+    def is_double_bit_ecc(self) -> bool:
+        return bool(self.event_type & pynvml.nvmlEventTypeDoubleBitEccError)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _nvml_code(exc: pynvml.NVMLError) -> int:
+    return int(getattr(exc, "value", -1))
+
+
+class NvmlSession:
+    """Discovery and events through NVML. Thread-safe for one event watcher plus other callers."""
+
+    def __init__(self, lib: Any, numa: NumaReader) -> None:
+        self.lib = lib
+        self.numa = numa
+        self._lock = threading.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def init(self) -> None:
+        self.lib.nvmlInit()
+
+    def shutdown(self) -> None:
+        try:
+            self.lib.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+    def driver_version(self) -> str | None:
+        try:
+            return _text(self.lib.nvmlSystemGetDriverVersion())
+        except pynvml.NVMLError:
+            return None
+
+    def cuda_driver_version(self) -> int | None:
+        try:
+            return int(self.lib.nvmlSystemGetCudaDriverVersion())
+        except pynvml.NVMLError:
+            return None
+
+    # -- GPUs ------------------------------------------------------------------------------------
+    def gpu_handles(self) -> list[Any]:
+        return [self.lib.nvmlDeviceGetHandleByIndex(i) for i in range(self.lib.nvmlDeviceGetCount())]
+
+    def handle_by_uuid(self, uuid: str) -> Any:
+        return self.lib.nvmlDeviceGetHandleByUUID(uuid)
+
+    def uuid(self, handle: Any) -> str:
+        return _text(self.lib.nvmlDeviceGetUUID(handle))
+
+    def name(self, handle: Any) -> str:
+        return _text(self.lib.nvmlDeviceGetName(handle))
+
+    def memory_mib(self, handle: Any) -> int:
+        return int(self.lib.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
+
+    def pci_bus_id(self, handle: Any) -> str:
+        return _text(self.lib.nvmlDeviceGetPciInfo(handle).busId).upper()
+
+    def numa_node(self, bus_id: str) -> int | None:
+        return self.numa(bus_id)
+
+    def topology_level(self, a: Any, b: Any) -> int:
+        """NVML_TOPOLOGY_* level of the closest common ancestor of two GPUs."""
+        return int(self.lib.nvmlDeviceGetTopologyCommonAncestor(a, b))
+
+    def nvlinks(self, handle: Any) -> list[NvLinkEnd]:
+        """Active NVLinks of a GPU; [] when the GPU has none or NVML does not support NVLink on it."""
+        ends: list[NvLinkEnd] = []
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if self.lib.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
+                    continue
+                remote = _text(self.lib.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId).upper()
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+                break  # past the GPU's last link, or no NVLink at all
+            try:
+                kind = self.lib.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+                is_switch = kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+                is_switch = None  # old driver: decided by the caller from the bus id
+            ends.append(NvLinkEnd(remote, bool(is_switch)) if is_switch is not None else NvLinkEnd(remote, False))
+        return ends
+
+    # -- MIG -------------------------------------------------------------------------------------
+    def mig_capable_and_enabled(self, handle: Any) -> tuple[bool, bool]:
+        """(MIG supported, MIG currently enabled)."""
+        try:
+            current, _pending = self.lib.nvmlDeviceGetMigMode(handle)
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            return False, False
+        return True, current == pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def mig_devices(self, handle: Any) -> list[MigInfo]:
+        out: list[MigInfo] = []
+        for index in range(self.lib.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = self.lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            except pynvml.NVMLError_NotFound:
+                continue  # MIG device slots may be sparse
+            attrs = self.lib.nvmlDeviceGetAttributes(mig)
+            gi = int(self.lib.nvmlDeviceGetGpuInstanceId(mig))
+            start = size = None
+            try:
+                info = self.lib.nvmlGpuInstanceGetInfo(self.lib.nvmlDeviceGetGpuInstanceById(handle, gi))
+                start, size = int(info.placement.start), int(info.placement.size)
+            except pynvml.NVMLError_NoPermission:
+                pass  # placement needs privileges on some drivers; profile and memory do not
+            out.append(MigInfo(
+                uuid=self.uuid(mig),
+                gpu_instance_id=gi,
+                compute_instance_id=int(self.lib.nvmlDeviceGetComputeInstanceId(mig)),
+                gpu_instance_slices=int(attrs.gpuInstanceSliceCount),
+                compute_instance_slices=int(attrs.computeInstanceSliceCount),
+                memory_mib=int(attrs.memorySizeMB),
+                placement_start=start,
+                placement_size=size,
+            ))
+        return out
+
+    # -- health ----------------------------------------------------------------------------------
+    def create_event_set(self, handles: Sequence[Any]) -> tuple[Any, list[str]]:
+        """An event set with critical events registered on each GPU that supports them.
+
+        Returns the set and the UUIDs of GPUs that support no critical event (left unwatched)."""
+        event_set = self.lib.nvmlEventSetCreate()
+        unwatched = []
+        for handle in handles:
+            try:
+                supported = self.lib.nvmlDeviceGetSupportedEventTypes(handle) & CRITICAL_EVENTS
+                if supported:
+                    self.lib.nvmlDeviceRegisterEvents(handle, supported, event_set)
+                    continue
+            except pynvml.NVMLError_NotSupported:
+                pass
+            unwatched.append(self.uuid(handle))
+        return event_set, unwatched
+
+    def wait_event(self, event_set: Any, timeout_ms: int) -> HealthEvent | None:
+        """The next event, or None on timeout. Raises NVMLError for anything else."""
+        try:
+            data = self.lib.nvmlEventSetWait_v2(event_set, timeout_ms)
+        except pynvml.NVMLError_Timeout:
+            return None
+        gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+        return HealthEvent(
+            gpu_uuid=self.uuid(data.device),
+            event_type=int(data.eventType),
+            xid=int(data.eventData),
+            gpu_instance_id=None if gi == NOT_A_MIG_ID else gi,
+            compute_instance_id=None if ci == NOT_A_MIG_ID else ci,
+        )
+
+    def free_event_set(self, event_set: Any) -> None:
+        try:
+            self.lib.nvmlEventSetFree(event_set)
+        except pynvml.NVMLError:
+            pass
+
+    def probe(self, uuid: str) -> str | None:
+        """None when NVML answers normally for this device, else the NVML error text."""
+        try:
+            handle = self.lib.nvmlDeviceGetHandleByUUID(uuid)
+            self.lib.nvmlDeviceGetMemoryInfo(handle)
+            self.lib.nvmlDeviceGetUUID(handle)
+        except pynvml.NVMLError as exc:
+            return f"{exc} (NVML error {_nvml_code(exc)})"
+        return None
+
+
+def open_real(sysfs_root: Path = Path("/sys")) -> NvmlSession:
+    """The real library (libnvidia-ml.so.1 through pynvml); NUMA from sysfs."""
+    return NvmlSession(pynvml, SysfsNuma(sysfs_root))
+
+
+def open_fake(profile: str | Path, *, seed: str | None = None, events_file: str | Path | None = None) -> NvmlSession:
+    """The fake library for a profile; NUMA from the profile (the fake machine's sysfs)."""
+    from gpupool_deviceplugin.nvml.fake import FakeNvml
+
+    fake = FakeNvml(str(profile), seed=seed, events_file=events_file)
+    table = {g.pci_bus_id: g.numa_node for g in fake.profile.gpus}
+    return NvmlSession(fake, TableNuma(table))

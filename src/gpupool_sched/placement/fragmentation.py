@@ -1,0 +1,168 @@
+"""GPU fragmentation as defined by FGD (Weng et al., "Beware of Fragmentation", USENIX ATC'23).
+
+A node's idle GPU capacity is a *fragment* for a task class when that class cannot use it: all of
+it when the class cannot run on the node at all (wrong GPU model, not enough CPU, too few GPUs with
+enough room, or a CPU-only class), otherwise the idle capacity of the GPUs with less room than the
+class needs per GPU. The node's fragmentation is the expectation over the workload's task classes,
+weighted by how often each class occurs.
+
+Writing ``S`` for the node's idle milli-GPU and ``H_u`` for the idle milli-GPU held by GPUs with at
+least ``u`` free, the fragment of class m is ``S - [m fits] * H_{u_m}``, so
+
+    F = S - sum_m p_m * [m fits] * H_{u_m}        (with sum_m p_m = 1)
+
+which needs only a handful of per-threshold counts per node and vectorises over nodes and GPUs.
+Everything is kept in exact integers (class counts times milli-GPU) so that equal fragmentation
+compares equal.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpupool_sched.model.cluster import ClusterSnapshot
+from gpupool_sched.model.request import PodRequest
+
+
+@dataclass(frozen=True, slots=True)
+class TaskClass:
+    """A kind of task: CPU, milli-GPU per GPU (0: CPU-only), GPUs, accepted models, and how many seen."""
+
+    cpu_milli: int
+    gpu_milli: int
+    gpu_count: int
+    models: frozenset[str]
+    count: int
+
+    def sort_key(self) -> tuple[int, int, int, int, str]:
+        return (self.count, self.cpu_milli, self.gpu_milli, self.gpu_count, "|".join(sorted(self.models)))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadProfile:
+    """The target workload: the most frequent task classes covering ``coverage`` of all tasks."""
+
+    classes: tuple[TaskClass, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(c.count for c in self.classes)
+
+    @classmethod
+    def from_requests(cls, requests: Iterable[PodRequest], coverage: float = 0.95) -> WorkloadProfile:
+        """Most frequent classes first (ties: larger CPU, then milli, GPUs, models), until their
+        tasks make up at least ``coverage`` of all tasks (the FGD artifact's 'typical pods')."""
+        counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+        for r in requests:
+            if r.wants_mig or r.gpu_memory_mib:
+                continue  # not expressible in milli-GPU; MIG slices do not fragment shareable GPUs
+            counts[(r.cpu_milli, r.gpu_milli if r.wants_gpu else 0, r.gpu_count, r.gpu_models)] += 1
+        ordered = sorted(
+            (TaskClass(cpu, milli, k, models, n) for (cpu, milli, k, models), n in counts.items()),
+            key=TaskClass.sort_key,
+            reverse=True,
+        )
+        total = sum(c.count for c in ordered)
+        chosen: list[TaskClass] = []
+        covered = 0
+        for c in ordered:
+            if covered >= coverage * total:
+                break
+            chosen.append(c)
+            covered += c.count
+        return cls(tuple(chosen))
+
+
+class FragmentationModel:
+    """A :class:`WorkloadProfile` compiled against one cluster's nodes (static parts only)."""
+
+    def __init__(self, profile: WorkloadProfile, snapshot: ClusterSnapshot) -> None:
+        self.profile = profile
+        self.weight_total = profile.total  # F is kept multiplied by this, in exact integers
+        gpu_classes = [c for c in profile.classes if c.gpu_milli > 0]
+        self.thresholds = np.array(sorted({c.gpu_milli for c in gpu_classes}), dtype=np.int64)
+        u_pos = {u: i for i, u in enumerate(self.thresholds.tolist())}
+        self.cls_u = np.array([u_pos[c.gpu_milli] for c in gpu_classes], dtype=np.int64)
+        self.cls_k = np.array([c.gpu_count for c in gpu_classes], dtype=np.int64)
+        self.cls_cpu = np.array([c.cpu_milli for c in gpu_classes], dtype=np.int64)
+        self.cls_w = np.array([c.count for c in gpu_classes], dtype=np.int64)
+        # [nodes, gpu classes]: the node has GPUs of a model the class accepts
+        has_gpu = snapshot.gpu_usable.any(axis=1)
+        cols = [
+            (snapshot.allowed_models(c.models) & snapshot.gpu_usable).any(axis=1) if c.models else has_gpu
+            for c in gpu_classes
+        ]
+        self.model_ok = np.stack(cols, axis=1) if cols else np.zeros((len(snapshot), 0), dtype=bool)
+
+    def _class_sum(self, cnt: np.ndarray, held: np.ndarray, cpu: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """sum_m w_m [m fits] H_{u_m} for state arrays whose leading axes are (candidates, ...)."""
+        cnt_m = cnt[..., self.cls_u]
+        held_m = held[..., self.cls_u]
+        ok = self.model_ok[nodes] & (cpu[:, None] >= self.cls_cpu)
+        if cnt.ndim == 3:
+            ok = ok[:, None, :]
+        fits = ok & (cnt_m >= self.cls_k)
+        return (np.where(fits, held_m, 0) * self.cls_w).sum(axis=-1)
+
+    def _threshold_stats(self, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ge = free[..., None] >= self.thresholds
+        return ge.sum(axis=-2), np.where(ge, free[..., None], 0).sum(axis=-2)
+
+    def frag(self, free: np.ndarray, cpu: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """Weighted fragmentation (times ``weight_total``) of nodes with GPU state ``free`` [C, G]
+        (milli free per GPU, negative for absent GPUs) and ``cpu`` [C] milli-CPU free."""
+        idle = np.clip(free, 0, None).sum(axis=1)
+        cnt, held = self._threshold_stats(free)
+        return idle * self.weight_total - self._class_sum(cnt, held, cpu, nodes)
+
+    def frag_after_share(
+        self, free: np.ndarray, cpu_after: np.ndarray, nodes: np.ndarray, take: int
+    ) -> np.ndarray:
+        """Fragmentation [C, G] after taking ``take`` milli from GPU j of each candidate, for every j."""
+        ge = free[..., None] >= self.thresholds  # [C, G, U]
+        cnt = ge.sum(axis=1)
+        held = np.where(ge, free[..., None], 0).sum(axis=1)
+        after = free - take
+        ge_after = after[..., None] >= self.thresholds
+        cnt_j = cnt[:, None, :] - ge + ge_after
+        held_j = held[:, None, :] - np.where(ge, free[..., None], 0) + np.where(ge_after, after[..., None], 0)
+        idle = np.clip(free, 0, None).sum(axis=1) - take
+        return idle[:, None] * self.weight_total - self._class_sum(cnt_j, held_j, cpu_after, nodes)
+
+
+def fragmentation_model(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> FragmentationModel:
+    """The compiled model for this snapshot, cached on it."""
+    key = ("fragmentation-model", id(profile))
+    model = snapshot.caches.get(key)
+    if not isinstance(model, FragmentationModel) or model.profile is not profile:
+        model = FragmentationModel(profile, snapshot)
+        snapshot.caches[key] = model
+    return model
+
+
+def node_fragmentation(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> np.ndarray:
+    """Per-node fragmentation in milli-GPU (kept current across assume/release by version checks)."""
+    model = fragmentation_model(snapshot, profile)
+    key = ("node-fragmentation", id(profile))
+    cached = snapshot.caches.get(key)
+    if cached is None:
+        versions = np.full(len(snapshot), -1, dtype=np.int64)
+        values = np.zeros(len(snapshot), dtype=np.int64)
+        snapshot.caches[key] = (versions, values)
+    else:
+        versions, values = cached  # type: ignore[misc]
+    stale = np.flatnonzero(versions != snapshot.version)
+    if stale.size:
+        values[stale] = model.frag(snapshot.free_milli[stale], snapshot.cpu_free[stale], stale)
+        versions[stale] = snapshot.version[stale]
+    return values
+
+
+def cluster_fragmentation_milli(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> float:
+    """Total fragmented GPU capacity of the cluster, in milli-GPU."""
+    model = fragmentation_model(snapshot, profile)
+    return float(node_fragmentation(snapshot, profile).sum()) / max(model.weight_total, 1)
