@@ -70,6 +70,7 @@ class ClusterSnapshot:
     def __init__(self, nodes: Sequence[NodeSpec], tie_order: Sequence[str] | None = None) -> None:
         self.nodes: tuple[NodeSpec, ...] = tuple(nodes)
         names = [n.name for n in self.nodes]
+        self.node_names: tuple[str, ...] = tuple(names)
         self.index: dict[str, int] = {name: i for i, name in enumerate(names)}
         if len(self.index) != len(names):
             dupes = sorted(name for name, c in Counter(names).items() if c > 1)

@@ -29,10 +29,12 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Unschedulable:
-    """No node fits. ``node_reasons`` holds, per node, the first filter that rejected it."""
+    """No node fits. Each node is rejected by the first filter it failed: ``filter_reasons[k]`` is the
+    message of filter k and ``failed_filter[i]`` the filter that rejected ``node_names[i]``."""
 
     node_names: Sequence[str]
-    reason_of_node: Sequence[str]
+    filter_reasons: Sequence[str]
+    failed_filter: Sequence[int]
 
     @property
     def schedulable(self) -> bool:
@@ -40,11 +42,11 @@ class Unschedulable:
 
     @property
     def node_reasons(self) -> dict[str, str]:
-        return dict(zip(self.node_names, self.reason_of_node, strict=True))
+        return {n: self.filter_reasons[k] for n, k in zip(self.node_names, self.failed_filter, strict=True)}
 
     @property
     def reason_counts(self) -> Counter[str]:
-        return Counter(self.reason_of_node)
+        return Counter(self.filter_reasons[k] for k in self.failed_filter)
 
     @property
     def message(self) -> str:
@@ -52,8 +54,8 @@ class Unschedulable:
         total = len(self.node_names)
         if not total:
             return "0/0 nodes are available: the cluster has no nodes."
-        parts = ", ".join(f"{c} {r}" for r, c in sorted(self.reason_counts.items(), key=lambda rc: (-rc[1], rc[0])))
-        return f"0/{total} nodes are available: {parts}."
+        counts = sorted(self.reason_counts.items(), key=lambda rc: (-rc[1], rc[0]))
+        return f"0/{total} nodes are available: " + ", ".join(f"{c} {r}" for r, c in counts) + "."
 
 
 Decision = Placement | Unschedulable

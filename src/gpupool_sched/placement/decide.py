@@ -48,9 +48,8 @@ def decide(
     state = CycleState(snapshot, request, rng)
     candidates, first_fail = feasible_nodes(state, policy)
     if candidates.size == 0:
-        names = [node.name for node in snapshot.nodes]
-        reasons = [policy.filters[k].reason(request) for k in first_fail] if first_fail is not None else []
-        return Unschedulable(node_names=names, reason_of_node=reasons)
+        reasons = tuple(f.reason(request) for f in policy.filters)
+        return Unschedulable(snapshot.node_names, reasons, first_fail if first_fail is not None else np.zeros(0, int))
 
     total = np.zeros(candidates.size, dtype=np.float64)
     parts: dict[str, np.ndarray] = {}

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpupool_sched.model.request import MILLI
 from gpupool_sched.placement.fragmentation import (
-    FragmentationModel,
     WorkloadProfile,
     fragmentation_model,
     node_fragmentation,
@@ -34,52 +32,76 @@ def whole_gpu_after(state: CycleState, candidates: np.ndarray) -> np.ndarray:
     return np.where(take, 0, state.snapshot.free_milli[candidates])
 
 
+class ShapeMemo:
+    """Per request shape: the node versions a result was computed at, and the results (LRU-bounded)."""
+
+    def __init__(self, max_shapes: int = 512) -> None:
+        self.max_shapes = max_shapes
+        self.entries: dict[object, tuple[np.ndarray, np.ndarray]] = {}
+
+    def get(self, key: object, nodes: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
+        entry = self.entries.pop(key, None)
+        if entry is None:
+            if len(self.entries) >= self.max_shapes:
+                self.entries.pop(next(iter(self.entries)))
+            shape = (nodes, slots) if slots else (nodes,)
+            entry = (np.full(nodes, -1, dtype=np.int64), np.zeros(shape, dtype=np.float64))
+        self.entries[key] = entry  # most recently used last
+        return entry
+
+
 class FgdScore(ScorePlugin):
     name = "FGD"
 
     def __init__(self, profile: WorkloadProfile) -> None:
         self.profile = profile
 
-    def fragmentation_change(self, state: CycleState, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """Decrease of F (weighted) per candidate and, for shares, per GPU slot [C, G]."""
+    def fragmentation_change(self, state: CycleState, candidates: np.ndarray) -> np.ndarray:
+        """Decrease of F (weighted) per candidate, or per candidate and GPU slot [C, G] for shares
+        (-inf where the GPU cannot take the share).
+
+        Results are remembered per request shape and node version: replicas of one workload and
+        trace replays ask the same question again and again while only a few nodes changed."""
+        snap, req = state.snapshot, state.request
+        memo = snap.caches.setdefault(("fgd-delta", id(self.profile)), ShapeMemo())
+        assert isinstance(memo, ShapeMemo)
+        key = (req.cpu_milli, req.gpu_count, req.gpu_milli, req.gpu_memory_mib, req.gpu_models)
+        versions, values = memo.get(key, len(snap), snap.gpu_slots if req.is_shared else 0)
+        stale = candidates[versions[candidates] != snap.version[candidates]]
+        if stale.size:
+            values[stale] = self._compute_change(state, stale)
+            versions[stale] = snap.version[stale]
+        return values[candidates]
+
+    def _compute_change(self, state: CycleState, candidates: np.ndarray) -> np.ndarray:
         snap, req = state.snapshot, state.request
         model = fragmentation_model(snap, self.profile)
         before = node_fragmentation(snap, self.profile)[candidates]
         cpu_after = snap.cpu_free[candidates] - req.cpu_milli
         free = snap.free_milli[candidates]
-        if req.is_shared:
-            milli, _ = state.gpu_take
-            if req.gpu_memory_mib:  # memory shares take a different milli share on each GPU model
-                after = self._after_memory_share(model, free, cpu_after, candidates, milli[candidates])
-            else:
-                after = model.frag_after_share(free, cpu_after, candidates, req.gpu_milli)
-            return before[:, None] - after, None
-        if req.wants_gpu:
-            after_free = whole_gpu_after(state, candidates)
-        else:
-            after_free = free
-        return before - model.frag(after_free, cpu_after, candidates), None
-
-    @staticmethod
-    def _after_memory_share(
-        model: FragmentationModel, free: np.ndarray, cpu_after: np.ndarray, nodes: np.ndarray, per_slot: np.ndarray
-    ) -> np.ndarray:
-        out = np.empty(free.shape, dtype=np.int64)
-        for j in range(free.shape[1]):
-            takes = per_slot[:, j]
+        if not req.is_shared:
+            after_free = whole_gpu_after(state, candidates) if req.wants_gpu else free
+            return (before - model.frag(after_free, cpu_after, candidates)).astype(np.float64)
+        rows, gpus = np.nonzero(state.eligible[candidates])
+        out = np.full(free.shape, -np.inf)
+        if req.gpu_memory_mib:  # a memory share takes a different milli share on each GPU model
+            takes = state.gpu_take[0][candidates[rows], gpus]
             for t in np.unique(takes):
-                rows = np.flatnonzero(takes == t)
-                out[rows, j] = model.frag_after_share(free[rows], cpu_after[rows], nodes[rows], int(min(t, MILLI)))[:, j]
+                sel = takes == t
+                after = model.frag_after_share(free, cpu_after, candidates, int(t), rows[sel], gpus[sel])
+                out[rows[sel], gpus[sel]] = before[rows[sel]] - after
+        else:
+            after = model.frag_after_share(free, cpu_after, candidates, req.gpu_milli, rows, gpus)
+            out[rows, gpus] = before[rows] - after
         return out
 
     def score(self, state: CycleState, candidates: np.ndarray) -> np.ndarray:
-        delta, _ = self.fragmentation_change(state, candidates)
+        delta = self.fragmentation_change(state, candidates)
         weight_total = fragmentation_model(state.snapshot, self.profile).weight_total
         scores = sigmoid_score(delta, weight_total)
         if delta.ndim == 1:
             return scores
-        elig = state.eligible[candidates]
-        scores = np.where(elig, scores, -1.0)
+        scores = np.where(np.isfinite(delta), scores, -1.0)
         best_gpu = np.argmax(scores, axis=1)  # first maximum: lowest index among equal scores
         state.scratch[GPU_CHOICE] = (candidates, best_gpu)
         return scores[np.arange(len(candidates)), best_gpu]

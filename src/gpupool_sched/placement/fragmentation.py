@@ -90,6 +90,7 @@ class FragmentationModel:
         self.cls_k = np.array([c.gpu_count for c in gpu_classes], dtype=np.int64)
         self.cls_cpu = np.array([c.cpu_milli for c in gpu_classes], dtype=np.int64)
         self.cls_w = np.array([c.count for c in gpu_classes], dtype=np.int64)
+        self.cls_w_float = self.cls_w.astype(np.float64)
         # [nodes, gpu classes]: the node has GPUs of a model the class accepts
         has_gpu = snapshot.gpu_usable.any(axis=1)
         cols = [
@@ -98,15 +99,15 @@ class FragmentationModel:
         ]
         self.model_ok = np.stack(cols, axis=1) if cols else np.zeros((len(snapshot), 0), dtype=bool)
 
-    def _class_sum(self, cnt: np.ndarray, held: np.ndarray, cpu: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        """sum_m w_m [m fits] H_{u_m} for state arrays whose leading axes are (candidates, ...)."""
-        cnt_m = cnt[..., self.cls_u]
-        held_m = held[..., self.cls_u]
-        ok = self.model_ok[nodes] & (cpu[:, None] >= self.cls_cpu)
-        if cnt.ndim == 3:
-            ok = ok[:, None, :]
-        fits = ok & (cnt_m >= self.cls_k)
-        return (np.where(fits, held_m, 0) * self.cls_w).sum(axis=-1)
+    def _class_sum(self, cnt: np.ndarray, held: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """sum_m w_m [m fits] H_{u_m}; ``cnt``/``held`` are [..., U], ``ok`` broadcasts to [..., M].
+
+        The terms are integers far below 2**53, so float64 sums (BLAS) are exact."""
+        fits = ok & (cnt[..., self.cls_u] >= self.cls_k)
+        return np.where(fits, held[..., self.cls_u], 0.0) @ self.cls_w_float
+
+    def _class_ok(self, cpu: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        return self.model_ok[nodes] & (cpu[:, None] >= self.cls_cpu)
 
     def _threshold_stats(self, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ge = free[..., None] >= self.thresholds
@@ -117,21 +118,23 @@ class FragmentationModel:
         (milli free per GPU, negative for absent GPUs) and ``cpu`` [C] milli-CPU free."""
         idle = np.clip(free, 0, None).sum(axis=1)
         cnt, held = self._threshold_stats(free)
-        return idle * self.weight_total - self._class_sum(cnt, held, cpu, nodes)
+        return idle * self.weight_total - self._class_sum(cnt, held, self._class_ok(cpu, nodes)).astype(np.int64)
 
     def frag_after_share(
-        self, free: np.ndarray, cpu_after: np.ndarray, nodes: np.ndarray, take: int
+        self, free: np.ndarray, cpu_after: np.ndarray, nodes: np.ndarray, take: int, rows: np.ndarray, gpus: np.ndarray
     ) -> np.ndarray:
-        """Fragmentation [C, G] after taking ``take`` milli from GPU j of each candidate, for every j."""
-        ge = free[..., None] >= self.thresholds  # [C, G, U]
-        cnt = ge.sum(axis=1)
-        held = np.where(ge, free[..., None], 0).sum(axis=1)
-        after = free - take
-        ge_after = after[..., None] >= self.thresholds
-        cnt_j = cnt[:, None, :] - ge + ge_after
-        held_j = held[:, None, :] - np.where(ge, free[..., None], 0) + np.where(ge_after, after[..., None], 0)
-        idle = np.clip(free, 0, None).sum(axis=1) - take
-        return idle[:, None] * self.weight_total - self._class_sum(cnt_j, held_j, cpu_after, nodes)
+        """Fragmentation after taking ``take`` milli from GPU ``gpus[p]`` of candidate ``rows[p]``,
+        for each pair p (``free`` [C, G] and ``cpu_after`` [C] are per candidate)."""
+        cnt, held = self._threshold_stats(free)  # [C, U]
+        g = free[rows, gpus]
+        after = g - take
+        ge = g[:, None] >= self.thresholds  # [P, U]
+        ge_after = after[:, None] >= self.thresholds
+        cnt_p = cnt[rows] - ge + ge_after
+        held_p = held[rows] - np.where(ge, g[:, None], 0) + np.where(ge_after, after[:, None], 0)
+        idle = np.clip(free, 0, None).sum(axis=1)[rows] - take
+        ok = self._class_ok(cpu_after, nodes)[rows]
+        return idle * self.weight_total - self._class_sum(cnt_p, held_p, ok).astype(np.int64)
 
 
 def fragmentation_model(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> FragmentationModel:

@@ -38,7 +38,9 @@ class CycleState:
                 milli = np.full(total.shape, MILLI, dtype=np.int64)
                 mem = total.copy()
             elif req.gpu_memory_mib:
-                milli = np.where(total > 0, np.maximum(1, req.gpu_memory_mib * MILLI // np.maximum(total, 1)), MILLI + 1)
+                milli = np.where(
+                    total > 0, np.maximum(1, req.gpu_memory_mib * MILLI // np.maximum(total, 1)), MILLI + 1
+                )
                 mem = np.full(total.shape, req.gpu_memory_mib, dtype=np.int64)
             else:
                 milli = np.full(total.shape, req.gpu_milli, dtype=np.int64)

@@ -21,9 +21,7 @@ from gpupool_sched.simulate.trace import TraceError
 TUNED = "-tuned-"
 
 
-def seeded_arrivals(
-    pods: Sequence[PodRequest], capacity_milli: int, seed: int, ratio: float = 1.3
-) -> list[PodRequest]:
+def seeded_arrivals(pods: Sequence[PodRequest], capacity_milli: int, seed: int, ratio: float = 1.3) -> list[PodRequest]:
     """Shuffled pods, tuned to ``ratio`` x ``capacity_milli`` of total GPU request."""
     rng = np.random.default_rng(seed)
     base = sorted(pods, key=lambda p: p.name)

@@ -163,12 +163,16 @@ def read_pods(path: Path | str, nodes: Sequence[NodeSpec]) -> tuple[PodRequest, 
         key = (cpu, mem, k, spec)
         if key not in fits_somewhere:
             fits_somewhere[key] = any(
-                n.cpu_milli >= cpu and n.memory_mib >= mem and sum(1 for g in n.gpus if not spec or g.model in spec) >= k
+                n.cpu_milli >= cpu
+                and n.memory_mib >= mem
+                and sum(1 for g in n.gpus if not spec or g.model in spec) >= k
                 for n in nodes
             )
         if not fits_somewhere[key]:
             limit = f"largest node: {max_cpu} milli-CPU, {max_mem} MiB"
-            raise TraceError(f"{path}:{lineno}: pod {name} cannot fit on any node even when the cluster is empty ({limit})")
+            raise TraceError(
+                f"{path}:{lineno}: pod {name} cannot fit on any node even when the cluster is empty ({limit})"
+            )
         pods.append(pod)
     if not pods:
         raise TraceError(f"{path}: no pods in the file")

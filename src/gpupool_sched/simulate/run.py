@@ -1,0 +1,66 @@
+"""Tie a trace, an arrival order and policies together into reports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpupool_sched.model.request import PodRequest
+from gpupool_sched.placement.fragmentation import WorkloadProfile
+from gpupool_sched.placement.registry import build_policy
+from gpupool_sched.simulate.arrivals import read_event_order, seeded_arrivals
+from gpupool_sched.simulate.replay import Progress, replay
+from gpupool_sched.simulate.report import SimulationReport, build_report
+from gpupool_sched.simulate.trace import Trace
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """What every policy of one run sees: the same arrivals and the same tie-break order."""
+
+    arrivals: tuple[PodRequest, ...]
+    tie_order: tuple[str, ...] | None
+    profile: WorkloadProfile
+    seed: int
+    event_order: str | None
+
+
+def prepare_workload(
+    trace: Trace, seed: int, event_order: Path | None = None, ratio: float = 1.3, coverage: float = 0.95
+) -> Workload:
+    if event_order is not None:
+        order = read_event_order(event_order, seed)
+        arrivals = order.arrivals(trace.pods, str(event_order))
+        ties = order.tie_order([n.name for n in trace.nodes], str(event_order))
+        source: str | None = event_order.name
+    else:
+        capacity = trace.total_gpus * 1000
+        arrivals = seeded_arrivals(trace.pods, capacity, seed, ratio)
+        ties, source = None, None
+    # the target workload FGD defragments for: the trace's own task mix (original pods, not copies)
+    profile = WorkloadProfile.from_requests(trace.pods, coverage=coverage)
+    return Workload(tuple(arrivals), tuple(ties) if ties else None, profile, seed, source)
+
+
+def simulate(
+    trace: Trace,
+    workload: Workload,
+    policies: Sequence[str],
+    progress_for: Callable[[str, int], Progress] | None = None,
+) -> list[SimulationReport]:
+    reports = []
+    for name in policies:
+        policy = build_policy(name, workload.profile)
+        progress = progress_for(name, len(workload.arrivals)) if progress_for else None
+        result = replay(
+            trace.nodes,
+            workload.arrivals,
+            policy,
+            workload.profile,
+            tie_order=workload.tie_order,
+            seed=workload.seed,
+            progress=progress,
+        )
+        reports.append(build_report(result, trace.name, workload.seed, workload.event_order))
+    return reports
