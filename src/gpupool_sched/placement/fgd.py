@@ -33,17 +33,22 @@ def whole_gpu_after(state: CycleState, candidates: np.ndarray) -> np.ndarray:
 
 
 class ShapeMemo:
-    """Per request shape: the node versions a result was computed at, and the results (LRU-bounded)."""
+    """Per request shape: the node versions a result was computed at, and the results. Least recently
+    used shapes are dropped beyond ``max_bytes`` (64 MiB: ~500 shapes at 1k nodes, ~25 at 20k)."""
 
-    def __init__(self, max_shapes: int = 512) -> None:
-        self.max_shapes = max_shapes
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self.entries: dict[object, tuple[np.ndarray, np.ndarray]] = {}
 
     def get(self, key: object, nodes: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
         entry = self.entries.pop(key, None)
         if entry is None:
-            if len(self.entries) >= self.max_shapes:
-                self.entries.pop(next(iter(self.entries)))
+            size = nodes * 8 * (1 + max(slots, 1))
+            while self.entries and self.bytes + size > self.max_bytes:
+                old_versions, old_values = self.entries.pop(next(iter(self.entries)))
+                self.bytes -= old_versions.nbytes + old_values.nbytes
+            self.bytes += size
             shape = (nodes, slots) if slots else (nodes,)
             entry = (np.full(nodes, -1, dtype=np.int64), np.zeros(shape, dtype=np.float64))
         self.entries[key] = entry  # most recently used last

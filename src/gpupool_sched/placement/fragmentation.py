@@ -44,9 +44,12 @@ class TaskClass:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadProfile:
-    """The target workload: the most frequent task classes covering ``coverage`` of all tasks."""
+    """The target workload: the most frequent task classes covering ``coverage`` of all tasks, plus
+    how much CPU and memory the GPU tasks bring per milli-GPU (for stranding, see stranding.py)."""
 
     classes: tuple[TaskClass, ...]
+    cpu_per_gpu_milli: float = 0.0  # milli-CPU requested per milli-GPU, over all GPU tasks
+    mem_per_gpu_milli: float = 0.0  # MiB requested per milli-GPU
 
     @property
     def total(self) -> int:
@@ -57,7 +60,12 @@ class WorkloadProfile:
         """Most frequent classes first (ties: larger CPU, then milli, GPUs, models), until their
         tasks make up at least ``coverage`` of all tasks (the FGD artifact's 'typical pods')."""
         counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+        gpu = cpu = mem = 0
         for r in requests:
+            if r.gpu_milli_total:
+                gpu += r.gpu_milli_total
+                cpu += r.cpu_milli
+                mem += r.memory_mib
             if r.wants_mig or r.gpu_memory_mib:
                 continue  # not expressible in milli-GPU; MIG slices do not fragment shareable GPUs
             counts[(r.cpu_milli, r.gpu_milli if r.wants_gpu else 0, r.gpu_count, r.gpu_models)] += 1
@@ -74,7 +82,7 @@ class WorkloadProfile:
                 break
             chosen.append(c)
             covered += c.count
-        return cls(tuple(chosen))
+        return cls(tuple(chosen), cpu / gpu if gpu else 0.0, mem / gpu if gpu else 0.0)
 
 
 class FragmentationModel:

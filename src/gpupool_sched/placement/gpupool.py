@@ -1,12 +1,16 @@
-"""gpupool's default policy: FGD's fragmentation gradient, with consolidation breaking its ties and
-NVLink/NUMA topology choosing the GPUs of multi-GPU pods.
+"""gpupool's default policy: FGD's fragmentation gradient, plus what FGD cannot see from one node.
 
-FGD scores a placement by floor(100 * sigmoid(-dF/1000)): placements whose fragmentation changes
-differ by less than ~40 milli-GPU score the same, and the published artifact breaks those ties by a
-random node order. Replays of the Alibaba trace show that *which* tie wins matters: spreading (the
-emptiest node) loses about twice as many GPUs as FGD, and finer fragmentation deltas alone lose too,
-while sending ties to the node that would be left fullest (best-fit on CPU and GPU) keeps idle nodes
-whole for the multi-GPU jobs still to come. See docs/placement.md for the measurements.
+FGD (fgd.py) scores how a placement changes the node's expected fragmentation for the workload's
+task classes. Replaying the Alibaba trace shows two losses it does not see:
+
+* **stranding** (stranding.py): CPU-only and CPU-heavy pods use up a GPU node's CPU, after which its
+  idle GPUs stay idle for good. FGD only notices once a typical task no longer fits.
+* **model scarcity** (scarcity.py): unconstrained pods take GPU models that constrained pods need,
+  and the constrained pods fail later while other models sit idle.
+
+Both are added to the FGD score with fixed weights (points per GPU stranded / per GPU of a fully
+subscribed model); multi-GPU pods also score the NVLink/PCIe quality of the GPUs they would get and
+receive the best-connected set. Measurements and the tuning behind the weights: docs/placement.md.
 """
 
 from __future__ import annotations
@@ -14,29 +18,40 @@ from __future__ import annotations
 import numpy as np
 
 from gpupool_sched.model.request import PodRequest
-from gpupool_sched.placement.capacity import gpu_milli_free, max_node_capacity
 from gpupool_sched.placement.fgd import GPU_CHOICE, FgdScore
 from gpupool_sched.placement.filters import default_filters
 from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.framework import CycleState, GpuSelector, Policy, ScorePlugin
 from gpupool_sched.placement.gpu_selection import ScorerChoice, TightestFit, lowest_free
+from gpupool_sched.placement.scarcity import ScarcityScore
+from gpupool_sched.placement.stranding import StrandingScore
+from gpupool_sched.placement.topology import NVLINK_SCORE, best_gpu_set, set_score
 
-CONSOLIDATION_WEIGHT = 0.005  # below one FGD point: consolidation only breaks FGD's ties
+STRANDING_WEIGHT = 25.0  # FGD points per GPU a placement strands
+SCARCITY_WEIGHT = 40.0  # FGD points per GPU taken from a model whose constrained demand equals its supply
+TOPOLOGY_WEIGHT = 20.0  # at most this many points for the best-connected GPU set
 
 
-class ConsolidationScore(ScorePlugin):
-    """0..100: how little CPU and GPU the node would have left (best-fit without normalisation)."""
+class TopologyScore(ScorePlugin):
+    """0..1 for multi-GPU pods: how well connected the best free GPU set on the node is, relative to
+    every pair joined by one NVLink. Nodes without published topology, and other pods, score 0."""
 
-    name = "Consolidation"
+    name = "Topology"
 
     def score(self, state: CycleState, candidates: np.ndarray) -> np.ndarray:
-        snap, req = state.snapshot, state.request
-        max_cpu, max_gpu = max_node_capacity(snap)
-        left = (
-            0.5 * (snap.cpu_free[candidates] - req.cpu_milli) / max_cpu
-            + 0.5 * (gpu_milli_free(snap, candidates) - req.gpu_milli_total) / max_gpu
-        )
-        return 100.0 * (1.0 - left)
+        req = state.request
+        out = np.zeros(candidates.size)
+        if req.gpu_count < 2:
+            return out
+        pairs = req.gpu_count * (req.gpu_count - 1) // 2
+        for pos, node in enumerate(candidates.tolist()):
+            topology = state.snapshot.nodes[node].topology
+            if topology is None:
+                continue
+            free = [int(j) for j in np.flatnonzero(state.eligible[node])]
+            chosen = best_gpu_set(topology, free, req.gpu_count)
+            out[pos] = min(1.0, set_score(topology, chosen) / (pairs * NVLINK_SCORE))
+        return out
 
 
 class TopologyAwareGpus(GpuSelector):
@@ -55,17 +70,20 @@ class TopologyAwareGpus(GpuSelector):
         topology = state.snapshot.nodes[node].topology
         if req.gpu_count < 2 or topology is None:
             return lowest_free(state, node)
-        from gpupool_sched.placement.topology import best_gpu_set
-
         free = [int(j) for j in np.flatnonzero(state.eligible[node])]
-        return tuple(best_gpu_set(topology, free, req.gpu_count))
+        return best_gpu_set(topology, free, req.gpu_count)
 
 
 def gpupool_policy(profile: WorkloadProfile) -> Policy:
     return Policy(
         name="gpupool",
         filters=default_filters(),
-        scorers=((FgdScore(profile), 1.0), (ConsolidationScore(), CONSOLIDATION_WEIGHT)),
+        scorers=(
+            (FgdScore(profile), 1.0),
+            (StrandingScore(profile), STRANDING_WEIGHT),
+            (ScarcityScore(profile), SCARCITY_WEIGHT),
+            (TopologyScore(), TOPOLOGY_WEIGHT),
+        ),
         gpu_selector=TopologyAwareGpus(),
         description=__doc__ or "",
     )

@@ -37,6 +37,11 @@ def set_score(topology: NodeTopology, gpus: Sequence[int]) -> int:
     return sum(pair_score(topology, a, b) for a, b in combinations(gpus, 2))
 
 
+def _score_matrix(topology: NodeTopology) -> list[list[int]]:
+    n = topology.gpu_count
+    return [[pair_score(topology, a, b) for b in range(n)] for a in range(n)]
+
+
 def best_gpu_set(topology: NodeTopology, available: Sequence[int], size: int,
                  must_include: Sequence[int] = ()) -> tuple[int, ...]:
     """The `size` GPUs (sorted indices) with the highest set score, containing `must_include`.
@@ -58,18 +63,19 @@ def best_gpu_set(topology: NodeTopology, available: Sequence[int], size: int,
     need = size - len(must)
     if need == 0:
         return must
+    scores = _score_matrix(topology)
     if comb(len(free), need) <= EXHAUSTIVE_LIMIT:
-        return _exhaustive(topology, pool, free, need, must)
-    return _greedy(topology, free, need, must)
+        return _exhaustive(scores, pool, free, need, must)
+    return _greedy(scores, free, need, must)
 
 
-def _exhaustive(topology: NodeTopology, pool: list[int], free: list[int], need: int,
+def _exhaustive(scores: list[list[int]], pool: list[int], free: list[int], need: int,
                 must: tuple[int, ...]) -> tuple[int, ...]:
     best: list[tuple[int, ...]] = []
     best_score = -1
     for extra in combinations(free, need):
         chosen = tuple(sorted(must + extra))
-        score = set_score(topology, chosen)
+        score = sum(scores[a][b] for a, b in combinations(chosen, 2))
         if score > best_score:
             best, best_score = [chosen], score
         elif score == best_score:
@@ -77,27 +83,27 @@ def _exhaustive(topology: NodeTopology, pool: list[int], free: list[int], need: 
     if len(best) == 1:
         return best[0]
     # candidates are generated in lexicographic order, so max() keeps the lowest indices on ties
-    return max(best, key=lambda chosen: _leftover_quality(topology, pool, chosen))
+    return max(best, key=lambda chosen: _leftover_quality(scores, pool, chosen))
 
 
-def _leftover_quality(topology: NodeTopology, pool: list[int], chosen: tuple[int, ...]) -> int:
+def _leftover_quality(scores: list[list[int]], pool: list[int], chosen: tuple[int, ...]) -> int:
     """Sum over the GPUs left available of their best pair score with another left-over GPU."""
     rest = [g for g in pool if g not in chosen]
-    return sum(max((pair_score(topology, g, h) for h in rest if h != g), default=0) for g in rest)
+    return sum(max((scores[g][h] for h in rest if h != g), default=0) for g in rest)
 
 
-def _greedy(topology: NodeTopology, free: list[int], need: int, must: tuple[int, ...]) -> tuple[int, ...]:
+def _greedy(scores: list[list[int]], free: list[int], need: int, must: tuple[int, ...]) -> tuple[int, ...]:
     chosen = list(must)
     remaining = list(free)
     if not chosen:
         # seed with the best pair (lowest indices on ties), or the lowest GPU for a single GPU
         if need == 1:
             return (remaining[0],)
-        a, b = max(combinations(remaining, 2), key=lambda p: (pair_score(topology, *p), -p[0], -p[1]))
+        a, b = max(combinations(remaining, 2), key=lambda p: (scores[p[0]][p[1]], -p[0], -p[1]))
         chosen, need = [a, b], need - 2
         remaining = [g for g in remaining if g not in (a, b)]
     for _ in range(need):
-        g = max(remaining, key=lambda c: (sum(pair_score(topology, c, x) for x in chosen), -c))
+        g = max(remaining, key=lambda c: (sum(scores[c][x] for x in chosen), -c))
         chosen.append(g)
         remaining.remove(g)
     return tuple(sorted(chosen))

@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         workload = prepare_workload(trace, args.seed, args.event_order, args.ratio)
     except TraceError as exc:
         raise UserError(str(exc)) from None
+    for warning in trace.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     with ExitStack() as stack:
         reports = simulate(trace, workload, names, _progress(stack))
     from rich.console import Console

@@ -33,6 +33,7 @@ class Trace:
     name: str
     nodes: tuple[NodeSpec, ...]
     pods: tuple[PodRequest, ...]
+    warnings: tuple[str, ...] = ()  # e.g. pods that can never fit: they stay in and fail, as in the trace
 
     @property
     def total_gpus(self) -> int:
@@ -124,9 +125,10 @@ def read_nodes(path: Path | str, *, gpu_only: bool = True) -> tuple[NodeSpec, ..
     return tuple(nodes)
 
 
-def read_pods(path: Path | str, nodes: Sequence[NodeSpec]) -> tuple[PodRequest, ...]:
-    """Pod requests, each checked against the cluster: an unknown GPU model or a pod that could not
-    fit even on an empty node of the cluster is an error naming its line."""
+def read_pods(path: Path | str, nodes: Sequence[NodeSpec], warnings: list[str] | None = None) -> tuple[PodRequest, ...]:
+    """Pod requests, each checked against the cluster: an unknown GPU model is an error naming its
+    line; a pod that could not fit even on an empty node is kept (it will fail, as it did in the
+    trace) and reported in ``warnings``."""
     path = Path(path)
     models = {g.model for n in nodes for g in n.gpus}
     max_cpu = max(n.cpu_milli for n in nodes)
@@ -168,9 +170,9 @@ def read_pods(path: Path | str, nodes: Sequence[NodeSpec]) -> tuple[PodRequest, 
                 and sum(1 for g in n.gpus if not spec or g.model in spec) >= k
                 for n in nodes
             )
-        if not fits_somewhere[key]:
+        if not fits_somewhere[key] and warnings is not None:
             limit = f"largest node: {max_cpu} milli-CPU, {max_mem} MiB"
-            raise TraceError(
+            warnings.append(
                 f"{path}:{lineno}: pod {name} cannot fit on any node even when the cluster is empty ({limit})"
             )
         pods.append(pod)
@@ -184,8 +186,9 @@ def read_trace(nodes_path: Path | str | None = None, pods_path: Path | str | Non
     nodes_file = Path(nodes_path) if nodes_path else bundled_path(BUNDLED_NODES)
     pods_file = Path(pods_path) if pods_path else bundled_path(BUNDLED_PODS)
     nodes = read_nodes(nodes_file)
-    pods = read_pods(pods_file, nodes)
-    return Trace(name=trace_name(pods_file), nodes=nodes, pods=pods)
+    warnings: list[str] = []
+    pods = read_pods(pods_file, nodes, warnings)
+    return Trace(name=trace_name(pods_file), nodes=nodes, pods=pods, warnings=tuple(warnings))
 
 
 def trace_name(pods_file: Path) -> str:

@@ -1,0 +1,133 @@
+"""`make bench-sim`: simulator wall time per policy on the bundled default trace, and the cost of
+one placement decision at 1k, 5k and 20k nodes (synthetic clusters with the trace's node mix).
+
+Speed is reported as absolute times and as ratios to random-fit measured in the same run (the
+cheapest policy: filters plus a constant score), since these machines are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from gpupool_sched.model.cluster import ClusterSnapshot
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.placement.decide import decide
+from gpupool_sched.placement.registry import POLICIES, build_policy
+from gpupool_sched.simulate.run import prepare_workload, simulate
+from gpupool_sched.simulate.trace import read_trace
+
+BASELINE = "random"
+
+
+def synthetic_cluster(trace_nodes, size: int, rng: np.random.Generator):  # noqa: ANN001, ANN201
+    """``size`` nodes drawn from the trace's node mix, named node-00000..."""
+    picks = rng.integers(len(trace_nodes), size=size)
+    return [replace(trace_nodes[int(i)], name=f"node-{k:05d}") for k, i in enumerate(picks)]
+
+
+def decision_cost(nodes, pods, policy_name: str, profile, fill: float, decisions: int, seed: int) -> list[float]:  # noqa: ANN001
+    """Seconds per decision on a cluster pre-filled to ``fill`` of its GPU capacity."""
+    rng = np.random.default_rng(seed)
+    snap = ClusterSnapshot(nodes)
+    policy = build_policy(policy_name, profile)
+    filler = build_policy("best-fit")
+    target = fill * snap.total_gpu_milli
+    while snap.used_gpu_milli() < target:  # bring the cluster to a realistic, partly used state
+        pod = pods[int(rng.integers(len(pods)))]
+        d = decide(snap, pod, filler, rng)
+        if isinstance(d, Placement):
+            snap.assume(pod, d)
+    times = []
+    for _ in range(decisions):
+        pod = replace(pods[int(rng.integers(len(pods)))], cpu_milli=int(rng.integers(1, 16)) * 500)  # defeat memo
+        start = time.perf_counter()
+        decide(snap, pod, policy, rng)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("out/bench"))
+    ap.add_argument("--sizes", default="1000,5000,20000")
+    ap.add_argument("--decisions", type=int, default=30)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    args = ap.parse_args(argv)
+    names = args.policies.split(",")
+    if BASELINE not in names:
+        names.insert(0, BASELINE)
+    trace = read_trace()  # bundled openb default trace
+    workload = prepare_workload(trace, seed=42)
+    result: dict = {
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "trace": trace.name,
+        "arrivals": len(workload.arrivals),
+        "nodes": len(trace.nodes),
+        "replay": {},
+        "decision": {},
+    }
+    print(f"replaying {len(workload.arrivals)} arrivals on {len(trace.nodes)} nodes per policy ...", file=sys.stderr)
+    for name in names:
+        report = simulate(trace, workload, [name])[0]
+        result["replay"][name] = {"seconds": report.final.seconds, "allocated_pct": report.final.allocated_pct}
+        print(f"  {name:15s} {report.final.seconds:6.1f} s", file=sys.stderr)
+    rng = np.random.default_rng(7)
+    for size in (int(s) for s in args.sizes.split(",")):
+        nodes = synthetic_cluster(trace.nodes, size, rng)
+        result["decision"][size] = {}
+        for name in names:
+            times = decision_cost(nodes, trace.pods, name, workload.profile, 0.6, args.decisions, seed=size)
+            result["decision"][size][name] = {
+                "p50_ms": 1000 * statistics.median(times),
+                "mean_ms": 1000 * statistics.fmean(times),
+            }
+            print(f"  {size:6d} nodes {name:15s} {1000 * statistics.median(times):8.2f} ms/decision", file=sys.stderr)
+    base = result["replay"][BASELINE]["seconds"]
+    for name, row in result["replay"].items():
+        row["ratio_to_random"] = row["seconds"] / base if base else None
+    for size, rows in result["decision"].items():
+        b = rows[BASELINE]["p50_ms"]
+        for row in rows.values():
+            row["ratio_to_random"] = row["p50_ms"] / b if b else None
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / "placement.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print_table(result)
+    print(f"\nJSON: {out}")
+    return 0
+
+
+def print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    sizes = list(result["decision"])
+    table = Table(
+        title=f"placement speed ({result['arrivals']} arrivals on {result['nodes']} nodes; ratios to random-fit)"
+    )
+    table.add_column("policy")
+    table.add_column("replay s", justify="right")
+    table.add_column("x random", justify="right")
+    for size in sizes:
+        table.add_column(f"{size} nodes ms/decision", justify="right")
+    for name, row in result["replay"].items():
+        cells = [
+            f"{result['decision'][s][name]['p50_ms']:.2f} (x{result['decision'][s][name]['ratio_to_random']:.1f})"
+            for s in sizes
+        ]
+        table.add_row(name, f"{row['seconds']:.1f}", f"{row['ratio_to_random']:.1f}", *cells)
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
