@@ -67,7 +67,8 @@ def summarize(runs: list[Run], paper: dict) -> dict:
 
 def markdown(rows: dict) -> str:
     lines = [
-        "| trace | policy | mean allocated % at 100% | max abs diff vs paper (pts) | unallocated vs FGD (mean / worst) |",
+        "| trace | policy | mean allocated % at 100% | max abs diff vs paper (pts)"
+        " | unallocated vs FGD (mean / worst) |",
         "|---|---|---|---|---|",
     ]
     for row in rows.values():

@@ -13,14 +13,17 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from gpupool_sched.model.cluster import ClusterSnapshot
+from gpupool_sched.model.cluster import ClusterSnapshot, NodeSpec
 from gpupool_sched.model.decision import Placement
+from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.decide import decide
+from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.registry import POLICIES, build_policy
 from gpupool_sched.simulate.run import prepare_workload, simulate
 from gpupool_sched.simulate.trace import read_trace
@@ -28,13 +31,21 @@ from gpupool_sched.simulate.trace import read_trace
 BASELINE = "random"
 
 
-def synthetic_cluster(trace_nodes, size: int, rng: np.random.Generator):  # noqa: ANN001, ANN201
+def synthetic_cluster(trace_nodes: Sequence[NodeSpec], size: int, rng: np.random.Generator) -> list[NodeSpec]:
     """``size`` nodes drawn from the trace's node mix, named node-00000..."""
     picks = rng.integers(len(trace_nodes), size=size)
     return [replace(trace_nodes[int(i)], name=f"node-{k:05d}") for k, i in enumerate(picks)]
 
 
-def decision_cost(nodes, pods, policy_name: str, profile, fill: float, decisions: int, seed: int) -> list[float]:  # noqa: ANN001
+def decision_cost(
+    nodes: list[NodeSpec],
+    pods: Sequence[PodRequest],
+    policy_name: str,
+    profile: WorkloadProfile,
+    fill: float,
+    decisions: int,
+    seed: int,
+) -> list[float]:
     """Seconds per decision on a cluster pre-filled to ``fill`` of its GPU capacity."""
     rng = np.random.default_rng(seed)
     snap = ClusterSnapshot(nodes)
@@ -93,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             }
             print(f"  {size:6d} nodes {name:15s} {1000 * statistics.median(times):8.2f} ms/decision", file=sys.stderr)
     base = result["replay"][BASELINE]["seconds"]
-    for name, row in result["replay"].items():
+    for row in result["replay"].values():
         row["ratio_to_random"] = row["seconds"] / base if base else None
-    for size, rows in result["decision"].items():
+    for rows in result["decision"].values():
         b = rows[BASELINE]["p50_ms"]
         for row in rows.values():
             row["ratio_to_random"] = row["p50_ms"] / b if b else None

@@ -70,10 +70,6 @@ def paper_values(root: Path = DEFAULT_TRACES) -> dict[tuple[str, str, int], tupl
         }
 
 
-def curve_of(report) -> dict[int, float]:  # noqa: ANN001
-    return {p.arrived_pct: p.allocated_pct for p in report.curve}
-
-
 __all__ = [
     "ALL_TRACES",
     "DEFAULT_TRACES",
