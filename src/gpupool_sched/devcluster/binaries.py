@@ -79,7 +79,8 @@ class ClusterBinaries:
             if not (folders[name] / ".complete").is_file() or not (folders[name] / exe).is_file()
         ]
         if missing:
-            raise DevClusterError(f"not built: {', '.join(missing)}; run `make cluster-bins` (10-25 min cold)")
+            raise DevClusterError(f"not built: {', '.join(missing)}; run `make cluster-bins` "
+                                  "(10-25 min when cold)")
         k8s = folders["kubernetes"]
         return cls(
             etcd=etcd_binary(),
@@ -95,6 +96,14 @@ class ClusterBinaries:
 def component_dir(component: str, root: Path | None = None) -> Path:
     """The cache folder of one component: <cache>/bin/<component>-<pinned version>."""
     return cache_root() / "bin" / f"{component}-{pinned_version(component, root)}"
+
+
+def helm_binary() -> Path:
+    """The pinned helm, built by `make cluster-bins` (the chart's tests install with it)."""
+    folder = component_dir("helm")
+    if not (folder / ".complete").is_file():
+        raise DevClusterError(f"not built: {folder / 'helm'}; run `make cluster-bins`")
+    return folder / "helm"
 
 
 def etcd_binary() -> Path:

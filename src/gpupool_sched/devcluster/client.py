@@ -26,6 +26,7 @@ class ClusterClient:
     server: str
     api_client: client.ApiClient
     core: client.CoreV1Api
+    created_nodes: list[str] = field(default_factory=list)
     _schedulers: list[TrackedProcess] = field(default_factory=list)
 
     @classmethod
@@ -42,16 +43,20 @@ class ClusterClient:
         highest one in use), then, with `wait`, block until all are Ready. Returns their names."""
         if count <= 0:
             raise DevClusterError(f"count must be at least 1, not {count}")
-        publication = fake_nodes.publication_for_profile(profile)
+        fake_nodes.publication_for_profile(profile)  # unknown profile: fail before touching the cluster
         names = fake_nodes.next_free_names(self.core, prefix or f"kwok-{profile}-", count)
-        manifests = [fake_nodes.fake_node_manifest(name, profile, publication) for name in names]
-        fake_nodes.create_nodes(self.core, manifests, concurrency=concurrency, progress=created)
+        try:
+            fake_nodes.create_fake_nodes(self.core, profile, names, concurrency=concurrency, progress=created)
+        finally:
+            self.created_nodes.extend(names)  # a partial batch is still cleaned up by delete_nodes
         if wait:
             fake_nodes.wait_nodes_ready(self.core, names, timeout_s=timeout_s, progress=ready)
         return names
 
     def delete_nodes(self, names: list[str]) -> None:
         fake_nodes.delete_nodes(self.core, names)
+        gone = set(names)
+        self.created_nodes = [name for name in self.created_nodes if name not in gone]
 
     def start_kube_scheduler(self, scheduler_name: str = "default-scheduler", *, tag: str = "kube-scheduler",
                              extra_config: dict[str, object] | None = None) -> TrackedProcess:

@@ -81,7 +81,8 @@ class DevCluster:
         return found
 
     def component_status(self) -> list[ComponentStatus]:
-        return [ComponentStatus(name, p.pid, p.alive(), p.rss_bytes()) for name, p in self.processes().items()]
+        return [ComponentStatus(name, process.pid, process.alive(), process.rss_bytes())
+                for name, process in self.processes().items()]
 
     def running_state(self) -> ClusterState | None:
         """The state of this cluster if its core processes are alive and the apiserver is ready."""
@@ -101,7 +102,8 @@ class DevCluster:
     def require_running(self) -> ClusterState:
         state = self.running_state()
         if state is None:
-            hint = "make cluster-up" if self.name == DEFAULT_CLUSTER else f"gpupool dev-cluster up --name {self.name}"
+            hint = ("make cluster-up" if self.name == DEFAULT_CLUSTER
+                    else f"gpupool dev-cluster up --name {self.name}")
             raise DevClusterError(f"dev cluster {self.name!r} is not running: start it with `{hint}`")
         return state
 
@@ -221,8 +223,8 @@ class DevCluster:
         bins = ClusterBinaries.locate()
         layout = self.layout
         config_file = layout.config_file(tag)
-        components.write_scheduler_config(config_file,
-                                          components.scheduler_config(layout, scheduler_name, extra=extra_config))
+        config = components.scheduler_config(layout, scheduler_name, extra=extra_config)
+        components.write_scheduler_config(config_file, config)
         port = components.free_port()
         process = self._spawn(tag, components.scheduler_argv(bins, layout, config_file, port,
                                                              layout.root / "pki" / tag))
@@ -236,10 +238,14 @@ class DevCluster:
 
     # ---------------------------------------------------------------- down
 
-    def down(self, log: Log = _quiet) -> list[str]:
-        """Stop every process of this cluster (by pid file) and delete etcd's data. Returns what it stopped."""
+    def down(self, log: Log = _quiet, *, purge: bool = False) -> list[str]:
+        """Stop every process of this cluster (by pid file) and delete etcd's data; logs stay for a
+        post-mortem unless `purge`, which deletes the cluster's whole folder. Says what was stopped."""
         with self._locked():
-            return self._stop_everything(log)
+            stopped = self._stop_everything(log)
+            if purge:
+                shutil.rmtree(self.layout.root, ignore_errors=True)
+            return stopped
 
     def _stop_everything(self, log: Log) -> list[str]:
         processes = self.processes()

@@ -42,6 +42,10 @@ def kwok_stages_file() -> Path:
     return Path(str(resources.files("gpupool_sched.devcluster") / "kwok-stages.yaml"))
 
 
+def kwok_config_file() -> Path:
+    return Path(str(resources.files("gpupool_sched.devcluster") / "kwok-config.yaml"))
+
+
 def etcd_argv(bins: ClusterBinaries, state: ClusterState) -> list[str]:
     peer_url = f"http://{LOOPBACK}:{state.ports['etcd-peer']}"
     return [
@@ -85,11 +89,14 @@ def apiserver_argv(bins: ClusterBinaries, layout: ClusterLayout, state: ClusterS
     ]
 
 
-def kwok_argv(bins: ClusterBinaries, layout: ClusterLayout, state: ClusterState, *, leases: bool) -> list[str]:
+def kwok_argv(bins: ClusterBinaries, layout: ClusterLayout, state: ClusterState, *,
+              leases: bool) -> list[str]:
     argv = [
         str(bins.kwok),
         f"--kubeconfig={layout.component_kubeconfig('kwok')}",
+        f"--config={kwok_config_file()}",
         f"--config={kwok_stages_file()}",
+        "--v=WARN",  # one line per patched object at INFO: 10k pods would flood the log
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={FAKE_NODE_SELECTOR}",
         f"--cidr={POD_CIDR}",
@@ -174,7 +181,7 @@ def wait_ready(process: TrackedProcess, url: str, *, timeout_s: float, ca_file: 
             raise DevClusterError(f"{process.name} exited during start-up; last log lines:\n"
                                   f"{process.log_tail(8)}\n(full log: {process.log_file})")
         try:
-            with urllib.request.urlopen(request, timeout=2, context=context) as answer:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=2, context=context) as answer:
                 body = answer.read().decode(errors="replace")
                 if all(part in body for part in expect):
                     return
@@ -189,5 +196,5 @@ def wait_ready(process: TrackedProcess, url: str, *, timeout_s: float, ca_file: 
 def apiserver_version(server: str, ca_file: Path) -> str:
     """gitVersion reported by the apiserver's /version (readable without credentials)."""
     context = ssl.create_default_context(cafile=str(ca_file))
-    with urllib.request.urlopen(f"{server}/version", timeout=5, context=context) as answer:  # noqa: S310
+    with urllib.request.urlopen(f"{server}/version", timeout=5, context=context) as answer:
         return str(json.loads(answer.read())["gitVersion"])

@@ -4,4 +4,4 @@ from __future__ import annotations
 
 
 class DevClusterError(Exception):
-    """The dev cluster cannot do what was asked (not built, not running, bad input, a part failed to start)."""
+    """The dev cluster cannot do what was asked: not built, not running, bad input, a part failed to start."""

@@ -14,12 +14,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpupool_sched.devcluster.errors import DevClusterError
+from gpupool_sched.devcluster.raw import discard, read_json
+
+if TYPE_CHECKING:
+    from gpupool_deviceplugin.publication import NodePublication
 
 FAKE_NODE_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
 PROFILE_LABEL = "gpupool.io/fake-node-profile"
@@ -29,37 +33,22 @@ _PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,200})?$")
 Progress = Callable[[int, int], None]  # (done, total)
 
 
-class NodePublication(Protocol):
-    """What `gpupool_deviceplugin.publication.NodePublication` provides (the device plugin owns it)."""
+def publication_for_profile(profile: str, node_name: str | None = None) -> NodePublication:
+    """What the device plugin publishes on a `profile` machine called `node_name` (the name seeds the
+    GPU and MIG UUIDs, so a plugin later started for that node agrees on every ID)."""
+    from gpupool_deviceplugin.publication import node_publication_for_profile
 
-    capacity: dict[str, str]
-    labels: dict[str, str]
-    annotations: dict[str, str]
-    host_capacity: dict[str, str]
-
-
-def publication_for_profile(profile: str) -> NodePublication:
-    """The device plugin's publication for `profile`, or one clear error when the profile is unknown."""
     try:
-        from gpupool_deviceplugin.publication import node_publication_for_profile
-    except ImportError as exc:
-        raise DevClusterError(f"the device plugin's node publication is unavailable ({exc})") from None
-    try:
-        return node_publication_for_profile(profile)
-    except (KeyError, ValueError, FileNotFoundError, LookupError) as exc:
-        known = available_profiles()
-        hint = f" (known: {', '.join(known)})" if known else ""
-        raise DevClusterError(f"unknown fake node profile {profile!r}{hint}: {exc}") from None
+        return node_publication_for_profile(profile, node_name=node_name)
+    except (ValueError, LookupError, FileNotFoundError) as exc:  # the plugin's ProfileError is a ValueError
+        raise DevClusterError(str(exc)) from None
 
 
 def available_profiles() -> list[str]:
-    """Profile names the device plugin knows, if it says; [] when it offers no listing."""
-    try:
-        from gpupool_deviceplugin import publication
-    except ImportError:
-        return []
-    lister = getattr(publication, "available_profiles", None) or getattr(publication, "list_profiles", None)
-    return sorted(lister()) if callable(lister) else []
+    """The fake NVML profiles shipped with the device plugin."""
+    from gpupool_deviceplugin.nvml.profile import profile_names
+
+    return sorted(profile_names())
 
 
 def fake_node_manifest(name: str, profile: str, publication: NodePublication) -> dict[str, Any]:
@@ -102,15 +91,22 @@ def next_free_names(core: client.CoreV1Api, prefix: str, count: int) -> list[str
 
 
 def list_node_names(core: client.CoreV1Api, label_selector: str = "") -> list[str]:
-    answer = core.list_node(label_selector=label_selector, _preload_content=False)
-    return [item["metadata"]["name"] for item in json.loads(answer.data)["items"]]
+    listing = read_json(core.list_node(label_selector=label_selector, _preload_content=False))
+    return [item["metadata"]["name"] for item in listing["items"]]
 
 
-def create_nodes(core: client.CoreV1Api, manifests: list[dict[str, Any]], *, concurrency: int = 32,
-                 progress: Progress | None = None) -> None:
-    """Create the nodes concurrently (responses are not decoded: that is where the client spends its time)."""
-    _run_concurrently(lambda body: core.create_node(body=body, _preload_content=False), manifests,
-                      concurrency=concurrency, progress=progress, what="create node")
+def create_fake_nodes(core: client.CoreV1Api, profile: str, names: list[str], *, concurrency: int = 32,
+                      progress: Progress | None = None) -> None:
+    """Create one fake `profile` node per name, concurrently. Each worker builds its node's publication
+    (a few ms of CPU) while others wait on the apiserver; responses are not decoded, which is where
+    the Python client would otherwise spend its time."""
+    publication_for_profile(profile)  # an unknown profile fails here, before anything is created
+
+    def create(name: str) -> None:
+        body = fake_node_manifest(name, profile, publication_for_profile(profile, node_name=name))
+        discard(core.create_node(body=body, _preload_content=False))
+
+    _run_concurrently(create, names, concurrency=concurrency, progress=progress, what="create node")
 
 
 def delete_nodes(core: client.CoreV1Api, names: Iterable[str], *, concurrency: int = 32,
@@ -119,7 +115,7 @@ def delete_nodes(core: client.CoreV1Api, names: Iterable[str], *, concurrency: i
 
     def delete(name: str) -> None:
         try:
-            core.delete_node(name, _preload_content=False)
+            discard(core.delete_node(name, _preload_content=False))
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -133,7 +129,7 @@ def wait_nodes_ready(core: client.CoreV1Api, names: Iterable[str], *, timeout_s:
     pending = set(names)
     total = len(pending)
     deadline = time.monotonic() + timeout_s
-    listing = json.loads(core.list_node(label_selector=f"{FAKE_LABEL}=true", _preload_content=False).data)
+    listing = read_json(core.list_node(label_selector=f"{FAKE_LABEL}=true", _preload_content=False))
     for item in listing["items"]:
         if _is_ready(item):
             pending.discard(item["metadata"]["name"])
@@ -186,9 +182,7 @@ def _run_concurrently(action: Callable[[Any], object], items: list[Any], *, conc
         try:
             action(item)
         except ApiException as exc:
-            name = item["metadata"]["name"] if isinstance(item, dict) else item
-            reason = _api_reason(exc)
-            raise DevClusterError(f"{what} {name}: {reason}") from None
+            raise DevClusterError(f"{what} {item}: {_api_reason(exc)}") from None
         with lock:
             done += 1
             if progress:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from gpupool_sched.devcluster.errors import DevClusterError
 
-
 # processes started by this interpreter, by pid, so their exit status can be collected
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -87,13 +86,21 @@ class TrackedProcess:
                     time.sleep(0.05)
             if self.alive():
                 raise DevClusterError(f"{self.name} (pid {self.pid}) survived SIGKILL")
-        self._reap()
+        self._reap(block=True)
         self.pid_file.unlink(missing_ok=True)
 
-    def _reap(self) -> None:
-        """Collect the exit status if this interpreter started it (else init does)."""
+    def _reap(self, *, block: bool = False) -> None:
+        """Collect the exit status if this interpreter started it (else init does). A multi-threaded
+        process shows as a zombie before its last thread is gone, so the final reap waits for it."""
         child = _CHILDREN.get(self.pid)
-        if child is not None and child.poll() is not None:
+        if child is None:
+            return
+        if block:
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                raise DevClusterError(f"{self.name} (pid {self.pid}) did not finish exiting") from None
+        if child.poll() is not None:
             del _CHILDREN[self.pid]
 
     @classmethod
@@ -115,7 +122,7 @@ def start(name: str, argv: list[str], pid_file: Path, log_file: Path, env: dict[
     with log_file.open("ab") as log:
         log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
         log.flush()
-        child = subprocess.Popen(  # noqa: S603 - argv is built by this package
+        child = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, env=env, close_fds=True,
         )

@@ -19,7 +19,7 @@ compares equal.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,9 +37,10 @@ class TaskClass:
     gpu_count: int
     models: frozenset[str]
     count: int
+    spec: str = ""  # the model constraint as written; classes are told apart (and ordered) by it
 
     def sort_key(self) -> tuple[int, int, int, int, str]:
-        return (self.count, self.cpu_milli, self.gpu_milli, self.gpu_count, "|".join(sorted(self.models)))
+        return (self.count, self.cpu_milli, self.gpu_milli, self.gpu_count, self.spec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +57,19 @@ class WorkloadProfile:
         return sum(c.count for c in self.classes)
 
     @classmethod
-    def from_requests(cls, requests: Iterable[PodRequest], coverage: float = 0.95) -> WorkloadProfile:
-        """Most frequent classes first (ties: larger CPU, then milli, GPUs, models), until their
-        tasks make up at least ``coverage`` of all tasks (the FGD artifact's 'typical pods')."""
-        counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+    def from_requests(
+        cls,
+        requests: Iterable[PodRequest],
+        coverage: float = 0.95,
+        spec_of: Callable[[PodRequest], str] | None = None,
+    ) -> WorkloadProfile:
+        """Most frequent classes first (ties: larger CPU, then milli, GPUs, spec), until their tasks
+        make up at least ``coverage`` of all tasks (the FGD artifact's 'typical pods').
+
+        ``spec_of`` gives a request's model constraint as written (default: the sorted model names);
+        the trace replay passes the trace's own strings, which the FGD artifact keys classes by."""
+        counts: Counter[tuple[int, int, int, str]] = Counter()
+        models_of: dict[str, frozenset[str]] = {}
         gpu = cpu = mem = 0
         for r in requests:
             if r.gpu_milli_total:
@@ -68,9 +78,11 @@ class WorkloadProfile:
                 mem += r.memory_mib
             if r.wants_mig or r.gpu_memory_mib:
                 continue  # not expressible in milli-GPU; MIG slices do not fragment shareable GPUs
-            counts[(r.cpu_milli, r.gpu_milli if r.wants_gpu else 0, r.gpu_count, r.gpu_models)] += 1
+            spec = spec_of(r) if spec_of else "|".join(sorted(r.gpu_models))
+            models_of[spec] = r.gpu_models
+            counts[(r.cpu_milli, r.gpu_milli if r.wants_gpu else 0, r.gpu_count, spec)] += 1
         ordered = sorted(
-            (TaskClass(cpu, milli, k, models, n) for (cpu, milli, k, models), n in counts.items()),
+            (TaskClass(cpu, milli, k, models_of[spec], n, spec) for (cpu, milli, k, spec), n in counts.items()),
             key=TaskClass.sort_key,
             reverse=True,
         )

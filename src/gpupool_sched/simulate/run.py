@@ -39,7 +39,7 @@ def prepare_workload(
         arrivals = seeded_arrivals(trace.pods, capacity, seed, ratio)
         ties, source = None, None
     # the target workload FGD defragments for: the trace's own task mix (original pods, not copies)
-    profile = WorkloadProfile.from_requests(trace.pods, coverage=coverage)
+    profile = WorkloadProfile.from_requests(trace.pods, coverage=coverage, spec_of=trace.spec_of)
     return Workload(tuple(arrivals), tuple(ties) if ties else None, profile, seed, source)
 
 

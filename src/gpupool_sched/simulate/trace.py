@@ -9,8 +9,8 @@ from __future__ import annotations
 import csv
 import gzip
 import io
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -34,6 +34,11 @@ class Trace:
     nodes: tuple[NodeSpec, ...]
     pods: tuple[PodRequest, ...]
     warnings: tuple[str, ...] = ()  # e.g. pods that can never fit: they stay in and fail, as in the trace
+    gpu_specs: Mapping[str, str] = field(default_factory=dict)  # pod -> gpu_spec as written in the file
+
+    def spec_of(self, pod: PodRequest) -> str:
+        """A pod's GPU model constraint as the trace writes it (copies resolve to their original)."""
+        return self.gpu_specs.get(pod.name.split("-tuned-", 1)[0], "")
 
     @property
     def total_gpus(self) -> int:
@@ -125,7 +130,12 @@ def read_nodes(path: Path | str, *, gpu_only: bool = True) -> tuple[NodeSpec, ..
     return tuple(nodes)
 
 
-def read_pods(path: Path | str, nodes: Sequence[NodeSpec], warnings: list[str] | None = None) -> tuple[PodRequest, ...]:
+def read_pods(
+    path: Path | str,
+    nodes: Sequence[NodeSpec],
+    warnings: list[str] | None = None,
+    gpu_specs: dict[str, str] | None = None,
+) -> tuple[PodRequest, ...]:
     """Pod requests, each checked against the cluster: an unknown GPU model is an error naming its
     line; a pod that could not fit even on an empty node is kept (it will fail, as it did in the
     trace) and reported in ``warnings``."""
@@ -147,7 +157,10 @@ def read_pods(path: Path | str, nodes: Sequence[NodeSpec], warnings: list[str] |
         mem = _int(path, lineno, row, "memory_mib")
         k = _int(path, lineno, row, "num_gpu")
         milli = _int(path, lineno, row, "gpu_milli")
-        spec = frozenset(m for m in row.get("gpu_spec", "").split("|") if m)
+        raw_spec = row.get("gpu_spec", "")
+        spec = frozenset(m for m in raw_spec.split("|") if m)
+        if raw_spec and gpu_specs is not None:
+            gpu_specs[name] = raw_spec
         unknown = sorted(spec - models)
         if unknown:
             raise TraceError(
@@ -187,8 +200,9 @@ def read_trace(nodes_path: Path | str | None = None, pods_path: Path | str | Non
     pods_file = Path(pods_path) if pods_path else bundled_path(BUNDLED_PODS)
     nodes = read_nodes(nodes_file)
     warnings: list[str] = []
-    pods = read_pods(pods_file, nodes, warnings)
-    return Trace(name=trace_name(pods_file), nodes=nodes, pods=pods, warnings=tuple(warnings))
+    specs: dict[str, str] = {}
+    pods = read_pods(pods_file, nodes, warnings, specs)
+    return Trace(name=trace_name(pods_file), nodes=nodes, pods=pods, warnings=tuple(warnings), gpu_specs=specs)
 
 
 def trace_name(pods_file: Path) -> str:
