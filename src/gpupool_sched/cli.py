@@ -6,15 +6,15 @@ import argparse
 import importlib
 import sys
 
+from gpupool_sched.errors import UserError
+
 # module path -> it exposes `register(subparsers)`; each parser sets `func(args) -> int`
+__all__ = ["UserError", "build_parser", "main"]
+
 SUBCOMMANDS = (
     "gpupool_sched.simulate.cli",
     "gpupool_sched.devcluster.cli",
 )
-
-
-class UserError(Exception):
-    """Bad input from the user: printed as one clear line, exit code 2, no traceback."""
 
 
 def build_parser() -> argparse.ArgumentParser:

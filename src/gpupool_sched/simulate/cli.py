@@ -9,7 +9,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
-from gpupool_sched.cli import UserError
+from gpupool_sched.errors import UserError
 from gpupool_sched.placement.registry import POLICIES
 from gpupool_sched.simulate.run import prepare_workload, simulate
 from gpupool_sched.simulate.trace import TraceError, read_trace

@@ -1,0 +1,120 @@
+"""The vectorised fragmentation measure against a direct transcription of its definition."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupool_sched.model.cluster import ClusterSnapshot, GpuSpec, NodeSpec
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.model.request import PodRequest
+from gpupool_sched.placement.fragmentation import (
+    TaskClass,
+    WorkloadProfile,
+    cluster_fragmentation_milli,
+    fragmentation_model,
+    node_fragmentation,
+)
+
+MODELS = ("T4", "V100")
+
+
+def naive_fragment(free: list[int], cpu_free: int, model: str, task: TaskClass) -> int:
+    """Definition (FGD, ATC'23): all idle GPU milli when the task cannot run on the node at all,
+    else the idle milli of GPUs with less than the task's per-GPU demand."""
+    idle = sum(free)
+    if task.gpu_milli == 0:
+        return idle
+    if task.models and model not in task.models:
+        return idle
+    if cpu_free < task.cpu_milli or sum(1 for g in free if g >= task.gpu_milli) < task.gpu_count:
+        return idle
+    return sum(g for g in free if g < task.gpu_milli)
+
+
+def naive_node(free: list[int], cpu_free: int, model: str, profile: WorkloadProfile) -> float:
+    return sum(t.count * naive_fragment(free, cpu_free, model, t) for t in profile.classes) / profile.total
+
+
+task = st.builds(
+    TaskClass,
+    cpu_milli=st.sampled_from([0, 2000, 8000, 32000]),
+    gpu_milli=st.sampled_from([0, 100, 250, 460, 500, 1000]),
+    gpu_count=st.integers(1, 4),
+    models=st.sampled_from([frozenset(), frozenset({"T4"}), frozenset({"V100"})]),
+    count=st.integers(1, 50),
+).map(lambda t: t if t.gpu_milli else TaskClass(t.cpu_milli, 0, 0, frozenset(), t.count))
+node_state = st.tuples(
+    st.sampled_from(MODELS),
+    st.lists(st.integers(0, 1000), min_size=0, max_size=8),
+    st.integers(0, 64_000),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(classes=st.lists(task, min_size=1, max_size=6), nodes=st.lists(node_state, min_size=1, max_size=6))
+def test_vectorised_fragmentation_equals_the_definition(classes, nodes):
+    profile = WorkloadProfile(tuple(classes))
+    specs, fills = [], []
+    for i, (model, free, cpu_free) in enumerate(nodes):
+        specs.append(NodeSpec(f"n{i}", 64_000, 512_000, tuple(GpuSpec(j, model) for j in range(len(free)))))
+        fills.append((free, cpu_free))
+    snap = ClusterSnapshot(specs)
+    for i, (free, cpu_free) in enumerate(fills):
+        snap.cpu_free[i] = cpu_free
+        snap.free_milli[i, : len(free)] = free
+        snap.version[i] += 1
+    got = node_fragmentation(snap, profile) / profile.total
+    want = [naive_node(free, cpu, model, profile) for (model, free, cpu) in nodes]
+    assert np.allclose(got, want)
+
+
+@settings(max_examples=80, deadline=None)
+@given(classes=st.lists(task, min_size=1, max_size=5), state=node_state, take=st.integers(1, 999))
+def test_share_delta_equals_recomputing_after_the_placement(classes, state, take):
+    profile = WorkloadProfile(tuple(classes))
+    model, free, cpu_free = state
+    if not free:
+        return
+    snap = ClusterSnapshot([NodeSpec("n", 64_000, 512_000, tuple(GpuSpec(j, model) for j in range(len(free))))])
+    snap.free_milli[0, : len(free)] = free
+    snap.cpu_free[0] = cpu_free
+    fm = fragmentation_model(snap, profile)
+    gpus = np.array([j for j, g in enumerate(free) if g >= take], dtype=np.int64)
+    if gpus.size == 0:
+        return
+    rows = np.zeros_like(gpus)
+    after = fm.frag_after_share(snap.free_milli[[0]], np.array([cpu_free - 500]), np.array([0]), take, rows, gpus)
+    for value, j in zip(after, gpus, strict=True):
+        changed = list(free)
+        changed[j] -= take
+        assert value / profile.total == naive_node(changed, cpu_free - 500, model, profile)
+
+
+def test_a_worked_example():
+    # one V100 node with GPUs 1000/500/200 milli free and 8 cores; tasks: 1 x whole GPU, share of 400
+    profile = WorkloadProfile(
+        (TaskClass(4000, 1000, 1, frozenset(), 1), TaskClass(4000, 400, 1, frozenset(), 1)), 0.0, 0.0
+    )
+    node = NodeSpec("v", 8000, 64_000, tuple(GpuSpec(j, "V100") for j in range(3)))
+    snap = ClusterSnapshot([node])
+    snap.free_milli[0] = [1000, 500, 200]
+    # whole-GPU task: the 500 and 200 are fragments (700); 400-share: only the 200 is (200) -> mean 450
+    assert cluster_fragmentation_milli(snap, profile) == 450.0
+    pod = PodRequest(name="cpu-hog", cpu_milli=6000)
+    snap.assume(pod, Placement(node="v"))
+    # 2 cores left: neither task fits any more, all 1700 idle milli are fragments
+    assert cluster_fragmentation_milli(snap, profile) == 1700.0
+
+
+def test_profile_keeps_the_most_frequent_classes_up_to_the_coverage():
+    pods = (
+        [PodRequest(name=f"a{i}", cpu_milli=1000, gpu_count=1, gpu_milli=500) for i in range(60)]
+        + [PodRequest(name=f"b{i}", cpu_milli=2000, gpu_count=1, gpu_milli=1000) for i in range(30)]
+        + [PodRequest(name=f"c{i}", cpu_milli=3000) for i in range(10)]
+    )
+    assert [c.count for c in WorkloadProfile.from_requests(pods, coverage=0.85).classes] == [60, 30]
+    full = WorkloadProfile.from_requests(pods, coverage=1.0)
+    assert [c.count for c in full.classes] == [60, 30, 10]
+    assert full.cpu_per_gpu_milli == (60 * 1000 + 30 * 2000) / (60 * 500 + 30 * 1000)
