@@ -74,10 +74,10 @@ class FakeEventData:
     """Field-for-field what pynvml's c_nvmlEventData_t carries."""
 
     device: FakeDeviceHandle
-    eventType: int  # noqa: N815 - NVML's field name
-    eventData: int  # noqa: N815
-    gpuInstanceId: int  # noqa: N815
-    computeInstanceId: int  # noqa: N815
+    eventType: int
+    eventData: int
+    gpuInstanceId: int
+    computeInstanceId: int
 
 
 @dataclass(eq=False)
@@ -103,7 +103,7 @@ class FakeNvml:
     """
 
     def __init__(self, profile: FakeProfile | str, *, seed: str | None = None,
-                 events_file: str | Path | None = None, poll_interval_s: float = 0.02) -> None:
+                 events_file: str | Path | None = None, poll_interval_s: float = 0.005) -> None:
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         self.seed = seed or self.profile.name
         self.events_file = Path(events_file) if events_file else None
@@ -127,38 +127,38 @@ class FakeNvml:
             self._mig_handles.append([FakeDeviceHandle(g.index, k) for k in range(len(migs))])
 
     # -- library -------------------------------------------------------------------------------
-    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names throughout
+    def nvmlInit(self) -> None:
         with self._lock:
             self._init_attempts += 1
             if self._init_attempts <= self.profile.nvml.init_failures:
                 raise _error(getattr(pynvml, f"NVML_ERROR_{self.profile.nvml.init_error}"))
             self._initialized += 1
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         with self._lock:
             self._require_init()
             self._initialized -= 1
 
-    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+    def nvmlSystemGetDriverVersion(self) -> str:
         self._require_init()
         return self.profile.driver_version
 
-    def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
         self._require_init()
         return self.profile.cuda_driver_version
 
     # -- devices -------------------------------------------------------------------------------
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         self._require_init()
         return len(self._gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeDeviceHandle:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeDeviceHandle:
         self._require_init()
         if not 0 <= index < len(self._gpus):
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self._gpus[index]
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeDeviceHandle:  # noqa: N802
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeDeviceHandle:
         self._require_init()
         for i, u in enumerate(self._gpu_uuids):
             if u == uuid:
@@ -169,46 +169,43 @@ class FakeNvml:
                     return self._mig_handles[i][k]
         raise _error(pynvml.NVML_ERROR_NOT_FOUND)
 
-    def nvmlDeviceGetIndex(self, handle: FakeDeviceHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetIndex(self, handle: FakeDeviceHandle) -> int:
         self._check(handle)
         return handle.gpu
 
-    def nvmlDeviceGetMinorNumber(self, handle: FakeDeviceHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetMinorNumber(self, handle: FakeDeviceHandle) -> int:
         self._check(handle)
         return handle.gpu
 
-    def nvmlDeviceGetUUID(self, handle: FakeDeviceHandle) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, handle: FakeDeviceHandle) -> str:
         self._check(handle)
         if handle.mig is not None:
             return self._migs[handle.gpu][handle.mig].uuid
         return self._gpu_uuids[handle.gpu]
 
-    def nvmlDeviceGetName(self, handle: FakeDeviceHandle) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, handle: FakeDeviceHandle) -> str:
         self._check(handle)
         product = self.profile.gpu_product(handle.gpu)
         if handle.mig is not None:
             return f"{product} MIG {self._migs[handle.gpu][handle.mig].profile}"
         return product
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeDeviceHandle, version: int | None = None) -> Any:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeDeviceHandle, version: int | None = None) -> Any:
         self._check(handle)
-        if handle.mig is not None:
-            mib = self._mig_spec(handle).memory_mib
-        else:
-            mib = self.profile.gpu_memory_mib(handle.gpu)
+        mib = self._mig_spec(handle).memory_mib if handle.mig is not None else self.profile.gpu_memory_mib(handle.gpu)
         mem = pynvml.c_nvmlMemory_t()
         mem.total = mib * 1024 * 1024
         mem.free = mem.total
         mem.used = 0
         return mem
 
-    def nvmlDeviceGetPciInfo(self, handle: FakeDeviceHandle) -> Any:  # noqa: N802
+    def nvmlDeviceGetPciInfo(self, handle: FakeDeviceHandle) -> Any:
         self._check(handle)
         return self._pci(self.profile.gpus[handle.gpu].pci_bus_id)
 
     nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
 
-    def nvmlDeviceGetTopologyCommonAncestor(self, device1: FakeDeviceHandle, device2: FakeDeviceHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: FakeDeviceHandle, device2: FakeDeviceHandle) -> int:
         self._check(device1)
         self._check(device2)
         if device1.mig is not None or device2.mig is not None:
@@ -216,31 +213,31 @@ class FakeNvml:
         return self.profile.pcie_level(device1.gpu, device2.gpu)
 
     # -- NVLink --------------------------------------------------------------------------------
-    def nvmlDeviceGetNvLinkState(self, device: FakeDeviceHandle, link: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkState(self, device: FakeDeviceHandle, link: int) -> int:
         self._link(device, link)
         return pynvml.NVML_FEATURE_ENABLED
 
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: FakeDeviceHandle, link: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: FakeDeviceHandle, link: int) -> Any:
         return self._pci(self._link(device, link)[0])
 
-    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: FakeDeviceHandle, link: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: FakeDeviceHandle, link: int) -> int:
         return self._link(handle, link)[1]
 
     # -- MIG -----------------------------------------------------------------------------------
-    def nvmlDeviceGetMigMode(self, device: FakeDeviceHandle) -> list[int]:  # noqa: N802
+    def nvmlDeviceGetMigMode(self, device: FakeDeviceHandle) -> list[int]:
         self._check(device)
         if not self.profile.mig_capable or device.mig is not None:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         mode = int(self.profile.gpus[device.gpu].mig_on)
         return [mode, mode]
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeDeviceHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeDeviceHandle) -> int:
         self._check(device)
         if not self.profile.mig_capable:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return 7
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeDeviceHandle, index: int) -> FakeDeviceHandle:  # noqa: N802
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeDeviceHandle, index: int) -> FakeDeviceHandle:
         self._check(device)
         if not self.profile.gpus[device.gpu].mig_on:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -248,23 +245,23 @@ class FakeNvml:
             raise _error(pynvml.NVML_ERROR_NOT_FOUND)
         return self._mig_handles[device.gpu][index]
 
-    def nvmlDeviceIsMigDeviceHandle(self, device: FakeDeviceHandle) -> int:  # noqa: N802
+    def nvmlDeviceIsMigDeviceHandle(self, device: FakeDeviceHandle) -> int:
         self._check(device)
         return int(device.mig is not None)
 
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: FakeDeviceHandle) -> FakeDeviceHandle:  # noqa: N802, N803
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: FakeDeviceHandle) -> FakeDeviceHandle:
         self._check(migDevice)
         if migDevice.mig is None:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self._gpus[migDevice.gpu]
 
-    def nvmlDeviceGetGpuInstanceId(self, device: FakeDeviceHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetGpuInstanceId(self, device: FakeDeviceHandle) -> int:
         return self._mig_of(device).gpu_instance_id
 
-    def nvmlDeviceGetComputeInstanceId(self, device: FakeDeviceHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetComputeInstanceId(self, device: FakeDeviceHandle) -> int:
         return self._mig_of(device).compute_instance_id
 
-    def nvmlDeviceGetAttributes(self, device: FakeDeviceHandle) -> Any:  # noqa: N802
+    def nvmlDeviceGetAttributes(self, device: FakeDeviceHandle) -> Any:
         spec = self._mig_spec(device)
         attrs = pynvml.c_nvmlDeviceAttributes()
         attrs.gpuInstanceSliceCount = spec.gpu_instance_slices
@@ -275,13 +272,31 @@ class FakeNvml:
 
     nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
 
-    def nvmlDeviceGetGpuInstanceById(self, device: FakeDeviceHandle, gpuInstanceId: int) -> FakeGpuInstanceHandle:  # noqa: N802, N803
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, device: FakeDeviceHandle, profile: int, version: int = 2) -> Any:
+        self._check(device)
+        if not self.profile.mig_capable or device.mig is not None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        for name, spec in self.profile.mig_profiles.items():
+            if spec.variant == profile:
+                info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+                info.id = spec.profile_id
+                info.sliceCount = spec.gpu_instance_slices
+                info.instanceCount = 7 // spec.gpu_instance_slices
+                info.multiprocessorCount = 14 * spec.gpu_instance_slices
+                info.memorySizeMB = spec.memory_mib
+                info.name = f"MIG {name}".encode()
+                return info
+        raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
+
+    def nvmlDeviceGetGpuInstanceById(self, device: FakeDeviceHandle, gpuInstanceId: int) -> FakeGpuInstanceHandle:
         self._check(device)
         if not any(m.gpu_instance_id == gpuInstanceId for m in self._migs[device.gpu]):
             raise _error(pynvml.NVML_ERROR_NOT_FOUND)
         return FakeGpuInstanceHandle(device.gpu, gpuInstanceId)
 
-    def nvmlGpuInstanceGetInfo(self, gpuInstance: FakeGpuInstanceHandle) -> Any:  # noqa: N802, N803
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: FakeGpuInstanceHandle) -> Any:
         self._require_init()
         mig = next(m for m in self._migs[gpuInstance.gpu] if m.gpu_instance_id == gpuInstance.gpu_instance_id)
         spec = self.profile.mig_profiles[mig.profile]
@@ -293,21 +308,21 @@ class FakeNvml:
         return info
 
     # -- events --------------------------------------------------------------------------------
-    def nvmlEventSetCreate(self) -> FakeEventSet:  # noqa: N802
+    def nvmlEventSetCreate(self) -> FakeEventSet:
         self._require_init()
         return FakeEventSet(offset=self._start_offset)
 
-    def nvmlDeviceGetSupportedEventTypes(self, handle: FakeDeviceHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetSupportedEventTypes(self, handle: FakeDeviceHandle) -> int:
         self._check(handle)
         return _SUPPORTED_EVENTS
 
-    def nvmlDeviceRegisterEvents(self, handle: FakeDeviceHandle, eventTypes: int, eventSet: FakeEventSet) -> None:  # noqa: N802, N803
+    def nvmlDeviceRegisterEvents(self, handle: FakeDeviceHandle, eventTypes: int, eventSet: FakeEventSet) -> None:
         self._check(handle)
         if eventTypes & ~_SUPPORTED_EVENTS:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         eventSet.registered[handle.gpu] = eventSet.registered.get(handle.gpu, 0) | eventTypes
 
-    def nvmlEventSetWait_v2(self, eventSet: FakeEventSet, timeoutms: int) -> FakeEventData:  # noqa: N802, N803
+    def nvmlEventSetWait_v2(self, eventSet: FakeEventSet, timeoutms: int) -> FakeEventData:
         self._require_init()
         deadline = time.monotonic() + timeoutms / 1000
         while True:
@@ -321,7 +336,7 @@ class FakeNvml:
 
     nvmlEventSetWait = nvmlEventSetWait_v2
 
-    def nvmlEventSetFree(self, eventSet: FakeEventSet) -> None:  # noqa: N802, N803
+    def nvmlEventSetFree(self, eventSet: FakeEventSet) -> None:
         eventSet.registered.clear()
         eventSet.pending.clear()
 

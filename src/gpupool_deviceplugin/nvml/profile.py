@@ -40,7 +40,8 @@ class GpuDefaults(_Strict):
 class MigProfileSpec(_Strict):
     """One MIG profile of this product, as NVML describes it."""
 
-    profile_id: int = Field(ge=0)
+    variant: int = Field(ge=0, description="NVML_GPU_INSTANCE_PROFILE_* enum value")
+    profile_id: int = Field(ge=0, description="the profile ID nvidia-smi mig -lgip shows")
     gpu_instance_slices: int = Field(gt=0)
     compute_instance_slices: int = Field(gt=0)
     memory_mib: int = Field(gt=0)

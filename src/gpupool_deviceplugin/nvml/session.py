@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ class NvLinkEnd:
     """The far end of one active NVLink."""
 
     remote_bus_id: str
-    remote_is_switch: bool
+    remote_is_switch: bool | None  # None: the driver cannot tell
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class MigInfo:
     memory_mib: int
     placement_start: int | None
     placement_size: int | None
+    profile_variant: int | None  # NVML_GPU_INSTANCE_PROFILE_* of its GPU instance, when readable
 
 
 @dataclass(frozen=True)
@@ -81,10 +83,8 @@ class NvmlSession:
         self.lib.nvmlInit()
 
     def shutdown(self) -> None:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             self.lib.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
 
     def driver_version(self) -> str | None:
         try:
@@ -136,10 +136,10 @@ class NvmlSession:
                 break  # past the GPU's last link, or no NVLink at all
             try:
                 kind = self.lib.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
-                is_switch = kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+                is_switch: bool | None = kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
             except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
-                is_switch = None  # old driver: decided by the caller from the bus id
-            ends.append(NvLinkEnd(remote, bool(is_switch)) if is_switch is not None else NvLinkEnd(remote, False))
+                is_switch = None  # old driver: the caller decides from the remote bus id
+            ends.append(NvLinkEnd(remote, is_switch))
         return ends
 
     # -- MIG -------------------------------------------------------------------------------------
@@ -151,8 +151,20 @@ class NvmlSession:
             return False, False
         return True, current == pynvml.NVML_DEVICE_MIG_ENABLE
 
+    def _profile_variants(self, handle: Any) -> dict[int, int]:
+        """GPU instance profile ID (as in nvmlGpuInstanceInfo_t) -> NVML_GPU_INSTANCE_PROFILE_* variant."""
+        variants: dict[int, int] = {}
+        for variant in range(getattr(pynvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0)):
+            try:
+                info = self.lib.nvmlDeviceGetGpuInstanceProfileInfo(handle, variant)
+            except pynvml.NVMLError:
+                continue  # variant not supported by this product
+            variants[int(info.id)] = variant
+        return variants
+
     def mig_devices(self, handle: Any) -> list[MigInfo]:
         out: list[MigInfo] = []
+        variants = self._profile_variants(handle)
         for index in range(self.lib.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
                 mig = self.lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
@@ -160,11 +172,12 @@ class NvmlSession:
                 continue  # MIG device slots may be sparse
             attrs = self.lib.nvmlDeviceGetAttributes(mig)
             gi = int(self.lib.nvmlDeviceGetGpuInstanceId(mig))
-            start = size = None
+            start = size = variant = None
             try:
                 info = self.lib.nvmlGpuInstanceGetInfo(self.lib.nvmlDeviceGetGpuInstanceById(handle, gi))
                 start, size = int(info.placement.start), int(info.placement.size)
-            except pynvml.NVMLError_NoPermission:
+                variant = variants.get(int(info.profileId))
+            except (pynvml.NVMLError_NoPermission, pynvml.NVMLError_NotSupported):
                 pass  # placement needs privileges on some drivers; profile and memory do not
             out.append(MigInfo(
                 uuid=self.uuid(mig),
@@ -175,6 +188,7 @@ class NvmlSession:
                 memory_mib=int(attrs.memorySizeMB),
                 placement_start=start,
                 placement_size=size,
+                profile_variant=variant,
             ))
         return out
 
@@ -212,10 +226,8 @@ class NvmlSession:
         )
 
     def free_event_set(self, event_set: Any) -> None:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             self.lib.nvmlEventSetFree(event_set)
-        except pynvml.NVMLError:
-            pass
 
     def probe(self, uuid: str) -> str | None:
         """None when NVML answers normally for this device, else the NVML error text."""

@@ -1,0 +1,151 @@
+"""GetPreferredAllocation and Allocate, resource by resource: the handshake when there is one,
+topology otherwise, and the checks that keep the whole/shared pool truthful."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from gpupool_deviceplugin.admission import AdmissionBook, AdmissionError, Claim, Refusal
+from gpupool_deviceplugin.api.v1beta1 import api_pb2
+from gpupool_deviceplugin.config import PluginConfig
+from gpupool_deviceplugin.handshake import AllocationAck
+from gpupool_deviceplugin.inventory import NodeInventory
+from gpupool_deviceplugin.metrics import PluginMetrics
+from gpupool_deviceplugin.pods import PodRecord
+from gpupool_deviceplugin.resources import ResourceSpec, split_memory_unit_id
+from gpupool_deviceplugin.responses import container_response
+from gpupool_sched.placement.topology import best_gpu_set
+
+log = logging.getLogger(__name__)
+
+
+class AckSink(Protocol):
+    def submit(self, pod: PodRecord, ack: AllocationAck) -> None: ...
+
+
+class Allocator:
+    def __init__(self, resources: Sequence[ResourceSpec], inventory: NodeInventory, config: PluginConfig,
+                 metrics: PluginMetrics, book: AdmissionBook | None = None,
+                 refresh: Callable[[], bool] | None = None, acks: AckSink | None = None) -> None:
+        self.resources = {r.name: r for r in resources}
+        self._by_id = {r.name: r.by_id() for r in resources}
+        self.topology = inventory.topology()
+        self.config = config
+        self.metrics = metrics
+        self.book = book
+        self.refresh = refresh  # re-list pods now; True if that worked
+        self.acks = acks
+
+    # -- GetPreferredAllocation ----------------------------------------------------------------
+    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                  size: int) -> list[str]:
+        spec = self.resources[resource]
+        if self.book is not None:
+            claim = self.book.preferred(resource, available, must_include, size)
+            if claim is None and self.refresh is not None and self.refresh():
+                claim = self.book.preferred(resource, available, must_include, size)
+            if claim is not None:
+                if claim.ambiguous_with:
+                    self.metrics.handshake_ambiguous.labels(resource=resource, call="preferred").inc()
+                    log.warning("%s preferred allocation of size %d fits %s and %s; chose %s (oldest/in progress). "
+                                "The scheduler should not bind same-shape pods before the first is acknowledged",
+                                resource, size, claim.pod.key, list(claim.ambiguous_with), claim.pod.key)
+                self.metrics.preferred.labels(resource=resource, source="assignment").inc()
+                return list(claim.ids)
+        self.metrics.preferred.labels(resource=resource, source="topology").inc()
+        return self._fallback(spec, available, must_include, size)
+
+    def _fallback(self, spec: ResourceSpec, available: Sequence[str], must_include: Sequence[str],
+                  size: int) -> list[str]:
+        devices = self._by_id[spec.name]
+        avail = [i for i in dict.fromkeys([*must_include, *available]) if i in devices]
+        if size >= len(avail):
+            return avail
+        if spec.kind == "gpu":
+            index_to_id = {devices[i].gpu_index: i for i in avail}
+            chosen = best_gpu_set(self.topology, list(index_to_id), size,
+                                  [devices[i].gpu_index for i in must_include if i in devices])
+            return [index_to_id[g] for g in chosen]
+        if spec.kind == "memory":
+            return _best_fit_units(avail, list(must_include), size)
+        # MIG devices: stay on the GPUs already chosen, then the lowest GPU index
+        must_gpus = {devices[i].gpu_index for i in must_include if i in devices}
+        rest = sorted((i for i in avail if i not in must_include),
+                      key=lambda i: (devices[i].gpu_index not in must_gpus, devices[i].gpu_index, i))
+        return list(must_include) + rest[: size - len(must_include)]
+
+    # -- Allocate ------------------------------------------------------------------------------
+    def allocate(self, resource: str, ids: Sequence[str]) -> api_pb2.ContainerAllocateResponse:
+        spec = self.resources.get(resource)
+        if spec is None:
+            raise AdmissionError(Refusal.INVALID_ARGUMENT, f"this plugin does not serve {resource}", "unknown_resource")
+        try:
+            claim = self._claim(spec, ids)
+        except AdmissionError as err:
+            self.metrics.allocations.labels(resource=resource, via="none", result="refused").inc()
+            self.metrics.handshake_failures.labels(resource=resource, reason=err.reason).inc()
+            log.error("Allocate %s %s refused: %s", resource, list(ids), err)
+            if err.pod is not None and self.book is not None and self.acks is not None:
+                self.acks.submit(err.pod, self.book.failure_ack(err.pod, str(err)))
+            raise
+        if claim.ambiguous_with:
+            self.metrics.handshake_ambiguous.labels(resource=resource, call="allocate").inc()
+            log.warning("Allocate %s matched %s and %s; chose %s", resource, claim.pod.key,
+                        list(claim.ambiguous_with), claim.pod.key)
+        if claim.via == "unattributed" and self.book is not None:
+            self.metrics.handshake_failures.labels(resource=resource, reason="unattributed").inc()
+            log.warning("Allocate %s %s matches no pod bound to this node; allowed, but the pool cannot "
+                        "tell when these devices are freed", resource, list(ids))
+        if self.book is not None:
+            ack = self.book.commit(claim)
+            if ack is not None and self.acks is not None and claim.pod is not None:
+                self.acks.submit(claim.pod, ack)
+        self.metrics.allocations.labels(resource=resource, via=claim.via, result="ok").inc()
+        if claim.pod is not None:
+            log.info("allocated %s %s to %s container %s (%s)", resource, list(ids), claim.pod.key,
+                     claim.container, claim.via)
+        devices = [self._by_id[resource][i] for i in ids]
+        return container_response(spec, devices, self.config)
+
+    def _claim(self, spec: ResourceSpec, ids: Sequence[str]) -> Claim:
+        if self.book is None:
+            unknown = [i for i in ids if i not in self._by_id[spec.name]]
+            if unknown or not ids:
+                raise AdmissionError(Refusal.INVALID_ARGUMENT,
+                                     f"unknown {spec.name} device IDs {unknown or '(none given)'}", "unknown_device")
+            return Claim(spec.name, tuple(ids), "unattributed")
+        try:
+            claim = self.book.claim(spec.name, ids)
+        except AdmissionError as err:
+            if err.reason not in ("no_assignment", "bad_assignment") or not self._refreshed():
+                raise
+            return self.book.claim(spec.name, ids)
+        if claim.via == "unattributed" and self._refreshed():
+            return self.book.claim(spec.name, ids)
+        return claim
+
+    def _refreshed(self) -> bool:
+        return self.refresh is not None and self.refresh()
+
+
+def _best_fit_units(avail: list[str], must: list[str], size: int) -> list[str]:
+    """Units of the one GPU with the fewest free units that still fit (must_include's GPU if given)."""
+    by_gpu: dict[str, list[str]] = {}
+    for i in avail:
+        unit = split_memory_unit_id(i)
+        if unit:
+            by_gpu.setdefault(unit[0], []).append(i)
+    if must:
+        unit = split_memory_unit_id(must[0])
+        gpus = [unit[0]] if unit else []
+    else:
+        fits = [g for g, units in by_gpu.items() if len(units) >= size]
+        gpus = sorted(fits, key=lambda g: (len(by_gpu[g]), g))[:1]
+    if not gpus:
+        return avail[:size]
+    units = sorted(by_gpu.get(gpus[0], []), key=lambda i: split_memory_unit_id(i)[1])  # type: ignore[index]
+    chosen = list(must) + [u for u in units if u not in must]
+    return chosen[:size]
+

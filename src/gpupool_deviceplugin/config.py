@@ -1,0 +1,109 @@
+"""Device plugin configuration: a YAML file validated here. Unknown or malformed fields stop start-up
+with a message naming the field (`ConfigError`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+# Xids caused by the application, not the GPU (NVIDIA's device plugin ignores the same set).
+APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class ResourcesConfig(_Section):
+    """Which extended resources to advertise."""
+
+    gpu: bool = True
+    mig: bool = True
+    gpu_memory: bool = True
+
+
+class GpuMemoryConfig(_Section):
+    unit_mib: int = Field(default=1024, ge=64, le=1 << 20, alias="unitMiB")
+    mps: bool = False
+    mps_pipe_directory: str = Field(default="/run/nvidia/mps", alias="mpsPipeDirectory")
+
+
+class CdiConfig(_Section):
+    enabled: bool = False
+    kind: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[a-z0-9_.-]+$")
+
+
+class HealthConfig(_Section):
+    enabled: bool = True
+    ignored_xids: tuple[int, ...] = Field(default=APPLICATION_XIDS, alias="ignoredXids")
+    # A device marked unhealthy returns to Healthy after this long without new errors, if NVML
+    # answers for it normally. 0 keeps it unhealthy until the plugin restarts (NVIDIA's behaviour).
+    recovery_quiet_period_s: float = Field(default=300.0, ge=0, alias="recoveryQuietPeriodSeconds")
+    event_wait_ms: int = Field(default=1000, ge=10, le=60_000, alias="eventWaitMs")
+
+    @field_validator("ignored_xids")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(x <= 0 for x in v):
+            raise ValueError("Xids are positive integers")
+        return v
+
+
+class MetricsConfig(_Section):
+    port: int = Field(default=9402, ge=0, le=65535)  # 0: pick a free port (tests)
+    bind_address: str = "0.0.0.0"
+
+
+class KubernetesConfig(_Section):
+    # auto: use in-cluster config or KUBECONFIG when present, else run without the API server
+    # required: refuse to start without it; disabled: never talk to it
+    mode: Literal["auto", "required", "disabled"] = "auto"
+    publish_node: bool = True
+    node_refresh_s: float = Field(default=300.0, gt=0, alias="nodeRefreshSeconds")
+
+
+class PluginConfig(_Section):
+    version: Literal["v1"] = "v1"
+    mig_strategy: Literal["none", "single", "mixed"] = "mixed"
+    resources: ResourcesConfig = ResourcesConfig()
+    gpu_memory: GpuMemoryConfig = GpuMemoryConfig()
+    cdi: CdiConfig = CdiConfig()
+    health: HealthConfig = HealthConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the field."""
+
+
+def load_config(path: str | Path | None) -> PluginConfig:
+    if path is None:
+        return PluginConfig()
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    return parse_config(data, origin=str(path))
+
+
+def parse_config(data: object, origin: str = "config") -> PluginConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        return PluginConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"{origin}: field {where}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from None

@@ -1,0 +1,225 @@
+"""The device plugin process: start-up order, the running parts and an orderly shutdown.
+
+Start-up: status endpoint -> NVML (retried with backoff) -> discovery -> API server (optional) ->
+health monitor -> serve every resource -> register with the kubelet -> keep registered.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pynvml
+
+from gpupool_deviceplugin.admission import AdmissionBook
+from gpupool_deviceplugin.allocator import Allocator
+from gpupool_deviceplugin.board import DeviceBoard
+from gpupool_deviceplugin.config import PluginConfig
+from gpupool_deviceplugin.discovery import discover
+from gpupool_deviceplugin.health import HealthMonitor
+from gpupool_deviceplugin.inventory import NodeInventory
+from gpupool_deviceplugin.metrics import PluginMetrics, StatusServer
+from gpupool_deviceplugin.nvml.session import NvmlSession
+from gpupool_deviceplugin.publication import build_publication
+from gpupool_deviceplugin.resources import ResourceSpec, StrategyError, build_resources
+from gpupool_deviceplugin.server.kubelet_watch import Supervisor
+from gpupool_deviceplugin.server.plugin_servers import PluginServers, remove_stale_sockets
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DaemonOptions:
+    node_name: str
+    kubelet_dir: Path
+    config: PluginConfig
+    kubeconfig: str | None = None
+    nvml_backoff_initial_s: float = 1.0
+    nvml_backoff_max_s: float = 300.0
+
+
+@dataclass
+class _Status:
+    phase: str = "starting"
+    detail: str = ""
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+
+class Daemon:
+    def __init__(self, options: DaemonOptions, session: NvmlSession) -> None:
+        self.opts = options
+        self.config = options.config
+        self.session = session
+        self.metrics = PluginMetrics()
+        self.status = _Status()
+        self._parts: list = []  # things with stop(), stopped in reverse order
+        self.servers: PluginServers | None = None
+        self._tenancy_lock = threading.Lock()
+        self._api_client = None
+        self._api_checked = False
+        self.status_server: StatusServer | None = None
+
+    # -- health endpoint -------------------------------------------------------------------------
+    def healthz(self) -> tuple[bool, str]:
+        if self.status.phase != "running":
+            return False, f"{self.status.phase}: {self.status.detail}"
+        if self.servers is not None and not self.servers.all_registered():
+            return False, "not registered with the kubelet"
+        return True, "ok"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def run(self) -> int:
+        m = self.config.metrics
+        self.status_server = StatusServer(self.metrics, self.healthz, m.bind_address, m.port)
+        self.status_server.start()
+        log.info("metrics and healthz on http://%s:%d", m.bind_address, self.status_server.port)
+        try:
+            inventory, resources = self._start_nvml()
+            if inventory is None:
+                return 0  # stopped while waiting for NVML
+            self._start(inventory, resources)
+            self.status.phase, self.status.detail = "running", ""
+            log.info("gpupool device plugin running on node %s: %s", self.opts.node_name,
+                     ", ".join(f"{r.name}={len(r.devices)}" for r in resources) or "no resources")
+            self.status.stopping.wait()
+            return 0
+        finally:
+            self.shutdown()
+
+    def stop(self) -> None:
+        self.status.stopping.set()
+
+    def shutdown(self) -> None:
+        log.info("shutting down")
+        for part in reversed(self._parts):
+            try:
+                part.stop()
+            except Exception as exc:
+                log.warning("stopping %s failed: %s", type(part).__name__, exc)
+        self._parts = []
+        if self.status_server is not None:
+            self.status_server.stop()
+            self.status_server = None
+        self.session.shutdown()
+
+    def _start_nvml(self) -> tuple[NodeInventory | None, list[ResourceSpec]]:
+        """Initialise NVML and discover, retrying with backoff; never a silent crash loop."""
+        delay = self.opts.nvml_backoff_initial_s
+        attempt = 0
+        while not self.status.stopping.is_set():
+            attempt += 1
+            try:
+                self.session.init()
+            except pynvml.NVMLError as exc:
+                self.metrics.nvml_init_failures.inc()
+                self.status.phase, self.status.detail = "waiting for NVML", str(exc)
+                log.error("NVML init failed (attempt %d): %s. Is the NVIDIA driver loaded and libnvidia-ml.so.1 "
+                          "visible in this container (NVIDIA container runtime / driver root mount)? "
+                          "Retrying in %.1fs", attempt, exc, delay)
+                self.status.stopping.wait(delay)
+                delay = min(delay * 2, self.opts.nvml_backoff_max_s)
+                continue
+            try:
+                inventory = discover(self.session)
+                resources = build_resources(inventory, self.config, memory_units=self._memory_units_possible())
+                return inventory, resources
+            except (pynvml.NVMLError, StrategyError) as exc:
+                self.session.shutdown()
+                self.status.phase, self.status.detail = "discovery failed", str(exc)
+                log.error("GPU discovery failed (attempt %d): %s. Retrying in %.1fs", attempt, exc, delay)
+                self.status.stopping.wait(delay)
+                delay = min(delay * 2, self.opts.nvml_backoff_max_s)
+        return None, []
+
+    def _memory_units_possible(self) -> bool:
+        return self.config.resources.gpu_memory and self._api() is not None
+
+    def _api(self):
+        """The API client (connected once), or None when the plugin runs without an API server."""
+        if not self._api_checked:
+            from gpupool_deviceplugin.kube.client import connect
+
+            self._api_client = connect(self.config.kubernetes.mode, self.opts.kubeconfig)
+            self._api_checked = True
+            if self._api_client is None and self.config.resources.gpu_memory:
+                why = ("kubernetes.mode=disabled" if self.config.kubernetes.mode == "disabled"
+                       else "no in-cluster config, no kubeconfig")
+                log.warning("no API server (%s): serving whole GPUs and MIG devices with topology-based "
+                            "preferred allocation only; nvidia.com/gpu-memory sharing needs the pod watch and "
+                            "is not offered", why)
+        return self._api_client
+
+    def _start(self, inventory: NodeInventory, resources: list[ResourceSpec]) -> None:
+        self.status.phase, self.status.detail = "starting", "serving"
+        api = self._api()
+        memory = any(r.kind == "memory" for r in resources)
+        board = DeviceBoard(resources, pool_known=not memory,
+                            on_hardware=lambda uuid, ok: self._gpu_metric(inventory, uuid, int(ok)))
+        self.board = board
+        for gpu in inventory.gpus:
+            self.metrics.gpu_healthy.labels(uuid=gpu.uuid, index=str(gpu.index)).set(1)
+
+        book = refresh = acks = None
+        if api is not None:
+            from gpupool_deviceplugin.kube.acks import AckWriter
+            from gpupool_deviceplugin.kube.node_publisher import NodePublisher
+            from gpupool_deviceplugin.kube.pod_watch import PodWatcher
+
+            unit = self.config.gpu_memory.unit_mib if memory else None
+            book = AdmissionBook(self.opts.node_name, resources, unit,
+                                 on_change=lambda: self._tenancy_changed(book, board))
+            watcher = PodWatcher(api, self.opts.node_name, [r.name for r in resources], book)
+            watcher.start()
+            self._parts.append(watcher)
+            refresh = watcher.relist_now
+            acks = AckWriter(api, self.metrics)
+            acks.start()
+            self._parts.append(acks)
+            if self.config.kubernetes.publish_node:
+                publication = build_publication(inventory, resources, self.config)
+                publisher = NodePublisher(api, self.opts.node_name, publication, self.metrics,
+                                          self.config.kubernetes.node_refresh_s)
+                publisher.start()
+                self._parts.append(publisher)
+            if not watcher.synced.wait(10):
+                log.warning("pods of node %s not listed yet; whole GPUs and memory units stay Unhealthy until "
+                            "they are", self.opts.node_name)
+        self.book = book
+
+        if self.config.health.enabled:
+            monitor = HealthMonitor(self.session, inventory, board, self.config.health, self.metrics)
+            monitor.start()
+            monitor.ready.wait(5)
+            self._parts.append(monitor)
+        else:
+            log.warning("health checks disabled by config: devices stay Healthy whatever NVML reports")
+
+        allocator = Allocator(resources, inventory, self.config, self.metrics, book, refresh, acks)
+        removed = remove_stale_sockets(self.opts.kubelet_dir)
+        if removed:
+            log.info("removed stale sockets of a previous plugin: %s", ", ".join(removed))
+        self.servers = PluginServers(resources, self.opts.kubelet_dir, board, allocator, self.metrics)
+        self.servers.start()
+        self._parts.append(self.servers)
+        supervisor = Supervisor(self.servers, self.opts.kubelet_dir, self.metrics)
+        supervisor.start()
+        self._parts.append(supervisor)
+
+    def _tenancy_changed(self, book: AdmissionBook, board: DeviceBoard) -> None:
+        # read and apply under one lock: the watch thread and gRPC threads both get here, and an older
+        # tenancy must never overwrite a newer one
+        with self._tenancy_lock:
+            tenancy = book.tenancy()
+            board.set_tenancy(tenancy, known=book.synced)
+        for gpu_uuid in {d.gpu_uuid for spec in board.resources.values() for d in spec.devices}:
+            mode = "whole" if tenancy.whole.get(gpu_uuid) else "shared" if tenancy.shared.get(gpu_uuid) else "idle"
+            for m in ("whole", "shared", "idle"):
+                self.metrics.gpu_mode.labels(uuid=gpu_uuid, mode=m).set(1 if m == mode else 0)
+
+    def _gpu_metric(self, inventory: NodeInventory, uuid: str, value: int) -> None:
+        gpu = inventory.gpu_by_uuid(uuid)
+        if gpu is not None:
+            self.metrics.gpu_healthy.labels(uuid=gpu.uuid, index=str(gpu.index)).set(value)
+

@@ -1,0 +1,1 @@
+"""API-server side of the plugin: pod watch (handshake, pool state), acks, node publication."""

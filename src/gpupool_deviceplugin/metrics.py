@@ -1,0 +1,91 @@
+"""Prometheus metrics and the /metrics + /healthz HTTP endpoint of the device plugin."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
+NS = "gpupool_deviceplugin"
+
+
+class PluginMetrics:
+    """All metrics of one plugin process, in a private registry."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.devices = Gauge(f"{NS}_devices", "Devices advertised to the kubelet", ["resource", "health"], registry=r)
+        self.gpu_healthy = Gauge(f"{NS}_gpu_hardware_healthy", "1 when NVML reports no unrecovered error",
+                                 ["uuid", "index"], registry=r)
+        self.gpu_mode = Gauge(f"{NS}_gpu_mode", "1 for the GPU's current pool mode", ["uuid", "mode"], registry=r)
+        self.allocations = Counter(f"{NS}_allocations_total", "Allocate calls per container",
+                                   ["resource", "via", "result"], registry=r)
+        self.allocate_seconds = Histogram(f"{NS}_allocate_seconds", "Allocate handling time", ["resource"],
+                                          buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5),
+                                          registry=r)
+        self.preferred = Counter(f"{NS}_preferred_allocations_total", "GetPreferredAllocation answers",
+                                 ["resource", "source"], registry=r)
+        self.registrations = Counter(f"{NS}_registrations_total", "Register calls to the kubelet",
+                                     ["resource", "result"], registry=r)
+        self.handshake_failures = Counter(f"{NS}_handshake_failures_total",
+                                          "Allocations refused or mis-matched by the assignment handshake",
+                                          ["resource", "reason"], registry=r)
+        self.handshake_ambiguous = Counter(f"{NS}_handshake_ambiguous_total",
+                                           "Requests that matched pending containers of several pods",
+                                           ["resource", "call"], registry=r)
+        self.health_events = Counter(f"{NS}_health_events_total", "NVML health events", ["kind", "action"],
+                                     registry=r)
+        self.health_recoveries = Counter(f"{NS}_health_recoveries_total", "Devices returned to Healthy",
+                                         registry=r)
+        self.nvml_init_failures = Counter(f"{NS}_nvml_init_failures_total", "Failed NVML start-ups", registry=r)
+        self.node_patches = Counter(f"{NS}_node_patches_total", "Node label/annotation patches", ["result"],
+                                    registry=r)
+        self.ack_patches = Counter(f"{NS}_ack_patches_total", "Pod ack annotation patches", ["result"],
+                                   registry=r)
+        self.kubelet_restarts = Counter(f"{NS}_kubelet_restarts_total", "kubelet.sock re-creations seen",
+                                        registry=r)
+
+
+class StatusServer:
+    """Serves /metrics and /healthz on a background thread. `health()` returns (ok, detail)."""
+
+    def __init__(self, metrics: PluginMetrics, health: Callable[[], tuple[bool, str]],
+                 address: str, port: int) -> None:
+        registry = metrics.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.startswith("/metrics"):
+                    self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                elif self.path.startswith("/healthz"):
+                    ok, detail = health()
+                    self._send(200 if ok else 503, (detail + "\n").encode(), "text/plain; charset=utf-8")
+                else:
+                    self._send(404, b"not found\n", "text/plain")
+
+            def _send(self, code: int, body: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((address, port), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,57 @@
+"""Fixtures for device plugin tests: a kubelet stand-in in a temporary directory and plugin processes."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from deviceplugin.kubelet_standin import KubeletStandin
+from deviceplugin.plugin_process import PluginProcess
+
+
+@pytest.fixture
+def kubelet_dir() -> Iterator[Path]:
+    # unix socket paths are limited to 107 bytes: keep the directory short
+    with tempfile.TemporaryDirectory(prefix="gpk-") as d:
+        yield Path(d)
+
+
+@pytest.fixture
+def kubelet(kubelet_dir: Path) -> Iterator[KubeletStandin]:
+    k = KubeletStandin(kubelet_dir)
+    k.start()
+    yield k
+    k.stop()
+
+
+@pytest.fixture
+def start_plugin(tmp_path: Path, kubelet_dir: Path) -> Iterator[Callable[..., PluginProcess]]:
+    started: list[PluginProcess] = []
+
+    def start(profile: str, **kwargs) -> PluginProcess:
+        p = PluginProcess(tmp_path, kubelet_dir, profile, **kwargs).start()
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()
+
+
+@pytest.fixture
+def namespace(kube) -> Iterator[str]:
+    """A fresh namespace on the dev cluster; its pods are deleted afterwards (no namespace controller runs)."""
+    import uuid
+
+    from kubernetes import client
+
+    name = f"dp-{uuid.uuid4().hex[:8]}"
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    kube.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    kube.core.delete_namespace(name)
+    kube.core.replace_namespace_finalize(name, client.V1Namespace(
+        metadata=client.V1ObjectMeta(name=name), spec=client.V1NamespaceSpec(finalizers=[])))

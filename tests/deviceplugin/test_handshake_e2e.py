@@ -1,0 +1,231 @@
+"""The assignment handshake end to end: a real kube-apiserver (dev cluster), pods bound with their
+assignment in the Binding, the plugin process watching them, the kubelet stand-in admitting them."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from kubernetes import client
+
+from deviceplugin.kubelet_standin import ContainerRequest, DeviceManager, KubeletStandin
+from deviceplugin.pods import assignment
+from gpupool_deviceplugin.handshake import parse_ack
+from gpupool_deviceplugin.inventory import INVENTORY_ANNOTATION, parse_inventory
+from gpupool_deviceplugin.publication import OWNED_LABELS
+from gpupool_deviceplugin.resources import split_memory_unit_id
+
+pytestmark = pytest.mark.e2e
+GPU, MEM = "nvidia.com/gpu", "nvidia.com/gpu-memory"
+
+
+def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not met within {timeout}s"
+        time.sleep(0.05)
+
+
+class Cluster:
+    """Pods for one fake node: create (unscheduled), bind with an assignment, read back."""
+
+    def __init__(self, kube, namespace: str, node: str) -> None:
+        self.core: client.CoreV1Api = kube.core
+        self.ns = namespace
+        self.node = node
+        node_obj = self.core.read_node(node)
+        self.inventory = parse_inventory(node_obj.metadata.annotations[INVENTORY_ANNOTATION])
+        self.uuids = [g.uuid for g in self.inventory.gpus]
+
+    def create(self, name: str, containers: list[ContainerRequest]) -> str:
+        def spec(c: ContainerRequest) -> client.V1Container:
+            limits = {k: str(v) for k, v in c.requests.items()}
+            return client.V1Container(name=c.name, image="busybox", resources=client.V1ResourceRequirements(
+                limits=limits), restart_policy="Always" if c.sidecar else None)
+
+        pod = client.V1Pod(metadata=client.V1ObjectMeta(name=name), spec=client.V1PodSpec(
+            scheduler_name="nobody",  # no scheduler picks it up; the test binds it
+            containers=[spec(c) for c in containers if not c.init],
+            init_containers=[spec(c) for c in containers if c.init] or None))
+        return self.core.create_namespaced_pod(self.ns, pod).metadata.uid
+
+    def bind(self, name: str, uid: str, containers: dict[str, dict[str, Any]]) -> None:
+        """Bind with the assignment in the Binding's annotations, as the scheduler does."""
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=name, annotations=assignment(self.node, uid, containers)),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=self.node))
+        self.core.create_namespaced_binding(self.ns, body, _preload_content=False)
+
+    def ack(self, name: str):
+        return parse_ack(self.core.read_namespaced_pod(name, self.ns).metadata.annotations)
+
+
+@pytest.fixture
+def cluster(kube, namespace: str) -> Cluster:
+    (node,) = kube.add_nodes("l40s-pcie", 1, prefix="dp-e2e-")
+    return Cluster(kube, namespace, node)
+
+
+@pytest.fixture
+def plugin(kube, cluster: Cluster, kubelet: KubeletStandin, start_plugin):
+    p = start_plugin("l40s-pcie", node=cluster.node, kubeconfig=kube.kubeconfig)
+    kubelet.wait_registered({GPU, MEM})
+    p.wait_healthz(200)
+    return p
+
+
+def gpu_of(units: list[str]) -> str:
+    (gpu,) = {split_memory_unit_id(u)[0] for u in units}
+    return gpu
+
+
+def test_shared_then_whole_follow_the_scheduler_and_flip_health(cluster: Cluster, kubelet: KubeletStandin,
+                                                                plugin) -> None:
+    u = cluster.uuids
+    dm = DeviceManager(kubelet, [GPU, MEM])
+    try:
+        shared = [ContainerRequest("m", {MEM: 10})]
+        uid = cluster.create("shared", shared)
+        cluster.bind("shared", uid, {"m": {"memory": (u[2], 10, 1024)}})
+        # the pod watch sees the binding: GPU 2 has a tenant before the kubelet admits anything, so its
+        # whole-GPU device is already Unhealthy (the kubelet cannot hand it out whole meanwhile)
+        dm.watches[GPU].wait(lambda lst: lst.unhealthy() == {u[2]})
+        got = dm.admit_pod(shared)["m"]
+        assert gpu_of(got.devices[MEM]) == u[2]
+        env = got.responses[MEM].envs
+        assert env["NVIDIA_VISIBLE_DEVICES"] == u[2] and env["GPUPOOL_MEMORY_LIMIT_MIB"] == "10240"
+        assert dm.watches[GPU].latest().unhealthy() == {u[2]}
+        ack = eventually(lambda: cluster.ack("shared"), what="ack on the shared pod")
+        assert ack.complete and ack.containers["m"][MEM] == tuple(got.devices[MEM])
+
+        # a two-GPU pod on GPUs 1 and 3: not the pair topology alone would pick (0,1 share a switch)
+        whole = [ContainerRequest("t", {GPU: 2})]
+        uid = cluster.create("whole", whole)
+        cluster.bind("whole", uid, {"t": {"devices": {GPU: [u[1], u[3]]}}})
+        got = dm.admit_pod(whole)["t"]
+        assert sorted(got.devices[GPU]) == sorted([u[1], u[3]])
+        assert got.responses[GPU].envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(got.devices[GPU])
+        lst = dm.watches[MEM].wait(lambda lst: {gpu_of([x]) for x in lst.unhealthy()} == {u[1], u[3]})
+        assert len(lst.unhealthy()) == 2 * (46068 // 1024)
+
+        # the shared pod ends: GPU 2 is whole-allocatable again
+        cluster.core.delete_namespaced_pod("shared", cluster.ns, grace_period_seconds=0)
+        dm.watches[GPU].wait(lambda lst: not lst.unhealthy())
+        assert plugin.metric("gpupool_deviceplugin_gpu_mode", uuid=u[1], mode="whole") == 1
+    finally:
+        dm.close()
+
+
+def test_multi_container_pods_admitted_back_to_back(cluster: Cluster, kubelet: KubeletStandin, plugin) -> None:
+    u = cluster.uuids
+    pods = {
+        "a": ([ContainerRequest("prep", {MEM: 2}, init=True), ContainerRequest("x", {MEM: 4}),
+               ContainerRequest("y", {MEM: 4})],
+              {"prep": {"memory": (u[0], 2, 1024)}, "x": {"memory": (u[0], 4, 1024)},
+               "y": {"memory": (u[3], 4, 1024)}}),
+        "b": ([ContainerRequest("x", {MEM: 6}), ContainerRequest("g", {GPU: 1})],
+              {"x": {"memory": (u[3], 6, 1024)}, "g": {"devices": {GPU: [u[1]]}}}),
+        "c": ([ContainerRequest("solo", {MEM: 3})], {"solo": {"memory": (u[2], 3, 1024)}}),
+    }
+    # all three are bound before the kubelet admits any, like a burst of binds to one node
+    for name, (containers, plan) in pods.items():
+        cluster.bind(name, cluster.create(name, containers), plan)
+    dm = DeviceManager(kubelet, [GPU, MEM])
+    try:
+        for name, (containers, plan) in pods.items():  # kubelet order: by creation time
+            admitted = dm.admit_pod(containers)
+            for cname, want in plan.items():
+                if "memory" in want:
+                    assert gpu_of(admitted[cname].devices[MEM]) == want["memory"][0], f"{name}/{cname}"
+                    env = admitted[cname].responses[MEM].envs
+                    assert env["GPUPOOL_MEMORY_LIMIT_MIB"] == str(want["memory"][1] * 1024)
+                else:
+                    assert admitted[cname].devices[GPU] == want["devices"][GPU]
+            ack = eventually(lambda n=name: (a := cluster.ack(n)) and a.complete and a, what=f"ack on {name}")
+            assert set(ack.containers) == set(plan)
+    finally:
+        dm.close()
+    assert plugin.metric("gpupool_deviceplugin_handshake_ambiguous_total", resource=MEM, call="preferred") == 0
+
+
+def test_same_shape_pods_fall_back_to_oldest_first(cluster: Cluster, kubelet: KubeletStandin, plugin) -> None:
+    """The scheduler's gate should prevent this; if it happens, the plugin picks the oldest pod."""
+    u = cluster.uuids
+    containers = [ContainerRequest("m", {MEM: 5})]
+    uid_old = cluster.create("old", containers)
+    time.sleep(1.1)  # creationTimestamp has one-second resolution
+    uid_new = cluster.create("new", containers)
+    cluster.bind("new", uid_new, {"m": {"memory": (u[1], 5, 1024)}})
+    cluster.bind("old", uid_old, {"m": {"memory": (u[0], 5, 1024)}})
+    dm = DeviceManager(kubelet, [GPU, MEM])
+    try:
+        assert gpu_of(dm.admit_pod(containers)["m"].devices[MEM]) == u[0]
+        assert gpu_of(dm.admit_pod(containers)["m"].devices[MEM]) == u[1]
+    finally:
+        dm.close()
+    assert plugin.metric("gpupool_deviceplugin_handshake_ambiguous_total", resource=MEM, call="preferred") == 1
+
+
+def test_allocations_contradicting_the_node_are_refused(cluster: Cluster, kubelet: KubeletStandin, plugin) -> None:
+    u = cluster.uuids
+    dm = DeviceManager(kubelet, [GPU, MEM])
+    try:
+        uid = cluster.create("whole", [ContainerRequest("t", {GPU: 1})])
+        cluster.bind("whole", uid, {"t": {"devices": {GPU: [u[0]]}}})
+        dm.admit_pod([ContainerRequest("t", {GPU: 1})])
+        mem = kubelet.plugin(MEM)
+        # units of a GPU held whole (the kubelet would not offer them; a buggy caller might)
+        uid = cluster.create("late", [ContainerRequest("m", {MEM: 2})])
+        cluster.bind("late", uid, {"m": {"memory": (u[0], 2, 1024)}})
+        with pytest.raises(grpc.RpcError) as err:
+            mem.allocate([f"{u[0]}::0", f"{u[0]}::1"])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "held whole by" in err.value.details() and f"{cluster.ns}/whole" in err.value.details()
+        failed = eventually(lambda: (a := cluster.ack("late")) and a.error and a, what="error ack")
+        assert "held whole" in failed.error
+        # units with no assignment at all
+        with pytest.raises(grpc.RpcError) as err:
+            mem.allocate([f"{u[3]}::0"])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "only allocatable to pods scheduled by gpupool" in err.value.details()
+    finally:
+        dm.close()
+    assert plugin.metric("gpupool_deviceplugin_handshake_failures_total", resource=MEM, reason="gpu_is_whole") == 1
+
+
+def test_node_labels_and_inventory_are_patched_only_when_they_change(kube, cluster: Cluster, kubelet, tmp_path,
+                                                                     kubelet_dir) -> None:
+    from deviceplugin.plugin_process import PluginProcess
+
+    core = cluster.core
+    remove = {k: None for k in OWNED_LABELS}
+    core.patch_node(cluster.node, {"metadata": {"labels": remove, "annotations": {INVENTORY_ANNOTATION: None}}},
+                    _content_type="application/merge-patch+json")
+    first = PluginProcess(tmp_path, kubelet_dir, "l40s-pcie", node=cluster.node, kubeconfig=kube.kubeconfig).start()
+    try:
+        first.wait_log(r"published GPU labels/inventory on node")
+        node = core.read_node(cluster.node)
+        assert node.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-L40S"
+        assert node.metadata.labels["nvidia.com/gpu.count"] == "4"
+        inv = json.loads(node.metadata.annotations[INVENTORY_ANNOTATION])
+        assert inv["version"] == 1 and [g["uuid"] for g in inv["gpus"]] == cluster.uuids
+        assert first.metric("gpupool_deviceplugin_node_patches_total", result="patched") == 1
+    finally:
+        first.stop()
+    version = core.read_node(cluster.node).metadata.resource_version
+    second = PluginProcess(tmp_path, kubelet_dir, "l40s-pcie", node=cluster.node, kubeconfig=kube.kubeconfig)
+    second.start()
+    try:
+        eventually(lambda: second.metric("gpupool_deviceplugin_node_patches_total", result="unchanged") == 1,
+                   what="an unchanged publication")
+        assert second.metric("gpupool_deviceplugin_node_patches_total", result="patched") == 0
+        assert core.read_node(cluster.node).metadata.resource_version == version
+    finally:
+        second.stop()
