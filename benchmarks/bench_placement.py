@@ -50,13 +50,7 @@ def decision_cost(
     rng = np.random.default_rng(seed)
     snap = ClusterSnapshot(nodes)
     policy = build_policy(policy_name, profile)
-    filler = build_policy("best-fit")
-    target = fill * snap.total_gpu_milli
-    while snap.used_gpu_milli() < target:  # bring the cluster to a realistic, partly used state
-        pod = pods[int(rng.integers(len(pods)))]
-        d = decide(snap, pod, filler, rng)
-        if isinstance(d, Placement):
-            snap.assume(pod, d)
+    fill_randomly(snap, pods, fill, rng)
     times = []
     for _ in range(decisions):
         pod = replace(pods[int(rng.integers(len(pods)))], cpu_milli=int(rng.integers(1, 16)) * 500)  # defeat memo
@@ -64,6 +58,24 @@ def decision_cost(
         decide(snap, pod, policy, rng)
         times.append(time.perf_counter() - start)
     return times
+
+
+def fill_randomly(snap: ClusterSnapshot, pods: Sequence[PodRequest], fill: float, rng: np.random.Generator) -> None:
+    """Bring the cluster to a realistic, partly used state: random pods on random nodes where they fit."""
+    target = fill * snap.total_gpu_milli
+    used = 0
+    while used < target:
+        pod = pods[int(rng.integers(len(pods)))]
+        i = int(rng.integers(len(snap)))
+        if snap.cpu_free[i] < pod.cpu_milli or snap.mem_free[i] < pod.memory_mib:
+            continue
+        free = snap.free_milli[i]
+        fits = np.flatnonzero(free >= pod.gpu_milli if pod.is_shared else free == 1000)
+        if pod.wants_gpu and fits.size < pod.gpu_count:
+            continue
+        gpus = tuple(int(j) for j in fits[: pod.gpu_count]) if pod.wants_gpu else ()
+        snap.assume(pod, Placement(node=snap.nodes[i].name, gpu_indices=gpus, gpu_milli=pod.gpu_milli))
+        used += pod.gpu_milli_total
 
 
 def main(argv: list[str] | None = None) -> int:
