@@ -23,14 +23,14 @@ simulate: $(VPY) ## main job: replay the bundled Alibaba trace with every policy
 	@mkdir -p out
 	$(VENV)/bin/gpupool simulate --policy all --json out/simulate.json --plot out/simulate.png
 
-test: $(VPY) ## lint + every test, e2e included (builds/starts the local control plane)
+test: $(VPY) cluster-bins ## lint + every test, e2e included (builds/starts the local control plane)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VPY) -m pytest -q
 
 test-unit: $(VPY) ## tests that need no control plane
 	$(VPY) -m pytest -q -m 'not e2e'
 
-test-e2e: $(VPY) ## only the tests against the real kube-apiserver + etcd + kwok
+test-e2e: $(VPY) cluster-bins ## only the tests against the real kube-apiserver + etcd + kwok
 	$(VPY) -m pytest -q -m e2e
 
 lint: $(VPY) ## ruff
@@ -40,7 +40,7 @@ fmt: $(VPY)
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 bench: $(VPY) ## all benchmarks: JSON + table in out/bench/
-	$(MAKE) bench-sim bench-deviceplugin
+	$(MAKE) bench-sim bench-deviceplugin bench-cluster-infra
 
 bench-sim: $(VPY) ## simulator wall time per policy + per-decision cost at 1k/5k/20k nodes
 	$(VPY) -m benchmarks.bench_placement --out out/bench
@@ -48,7 +48,7 @@ bench-sim: $(VPY) ## simulator wall time per policy + per-decision cost at 1k/5k
 bench-deviceplugin: $(VPY) ## device plugin ListAndWatch/Allocate latency and RSS
 	$(VPY) -m benchmarks.bench_deviceplugin --out out/bench
 
-bench-cluster-infra: $(VPY) ## 1000 fake GPU nodes + 10k pods: bring-up time and memory
+bench-cluster-infra: $(VPY) cluster-bins ## 1000 fake GPU nodes + 10k pods: bring-up time and memory
 	$(VPY) -m benchmarks.bench_cluster_infra --out out/bench
 
 proto: $(VPY) ## regenerate the kubelet device plugin v1beta1 stubs from proto/
@@ -60,7 +60,7 @@ cluster-bins: ## build kube-apiserver/scheduler/controller-manager, kwok, helm (
 cluster-up: $(VPY) cluster-bins ## start etcd + kube-apiserver + kwok on 127.0.0.1 (reuses a running one)
 	bash hack/cluster/up.sh
 
-cluster-down: ## stop the local control plane (by pid)
+cluster-down: $(VPY) ## stop the local control plane (by pid)
 	bash hack/cluster/down.sh
 
 clean:

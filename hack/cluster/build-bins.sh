@@ -86,6 +86,7 @@ build_component() {
     done
     echo "$version built in $(( $(date +%s) - start ))s by $("$GO_BIN" env GOVERSION) on $(date -u +%FT%TZ)" \
         > "$tmp/.complete"
+    chmod 755 "$tmp"
     rm -rf "$dest"
     mv "$tmp" "$dest"
     trap - EXIT

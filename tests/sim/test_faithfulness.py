@@ -15,7 +15,7 @@ pytestmark = [
 ]
 TOLERANCE = 0.2  # percentage points of cluster GPU capacity
 CASES = [("default", seed) for seed in range(42, 52)] + [
-    ("gpushare40", 42), ("multigpu20", 43), ("gpuspec33", 44), ("cpu050", 45),
+    ("gpushare40", 42), ("multigpu20", 43), ("gpuspec25", 44), ("cpu050", 45),
 ]  # fmt: skip
 
 

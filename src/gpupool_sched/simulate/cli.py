@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpupool_sched.simulate.report import render_table
 
-    Console().print(render_table(reports))
+    Console(width=None if sys.stdout.isatty() else 110).print(render_table(reports))
     if args.json:
         payload = reports[0].model_dump() if len(reports) == 1 else [r.model_dump() for r in reports]
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 // Pins the Kubernetes release whose kube-apiserver, kube-scheduler and kube-controller-manager
 // hack/cluster/build-bins.sh builds for the local dev cluster. Nothing here is compiled into gpupool.
-// Regenerate for another release with: hack/cluster/pin-kubernetes.sh v1.33.Z
+// Regenerate for another release with: hack/cluster/pin-kubernetes.sh v1.X.Y
 module gpupool.local/hack/cluster/kubernetes
 
 go 1.24.0
