@@ -149,7 +149,7 @@ def print_table(result: dict) -> None:
             for s in sizes
         ]
         table.add_row(name, f"{row['seconds']:.1f}", f"{row['ratio_to_random']:.1f}", *cells)
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 120).print(table)
 
 
 if __name__ == "__main__":
