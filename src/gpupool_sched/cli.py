@@ -23,12 +23,25 @@ def build_parser() -> argparse.ArgumentParser:
     for name in SUBCOMMANDS:
         try:
             module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a sub-command still being built must not break the others
-            if exc.name != name:
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith("gpupool"):
                 raise
+            _register_unavailable(sub, name, exc.name or "?")
             continue
         module.register(sub)
     return parser
+
+
+def _register_unavailable(sub: argparse._SubParsersAction, module: str, missing: str) -> None:
+    """A sub-command whose optional dependency is not installed still shows up and says why."""
+    command = module.split(".")[-2].replace("devcluster", "dev-cluster")
+
+    def fail(_: argparse.Namespace) -> int:
+        raise UserError(f"needs the Python package {missing!r}: pip install 'gpupool[dev]'")
+
+    p = sub.add_parser(command, help=f"(unavailable: needs {missing})", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=fail)
 
 
 def main(argv: list[str] | None = None) -> int:
