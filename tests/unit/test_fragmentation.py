@@ -118,3 +118,12 @@ def test_profile_keeps_the_most_frequent_classes_up_to_the_coverage():
     full = WorkloadProfile.from_requests(pods, coverage=1.0)
     assert [c.count for c in full.classes] == [60, 30, 10]
     assert full.cpu_per_gpu_milli == (60 * 1000 + 30 * 2000) / (60 * 500 + 30 * 1000)
+
+
+def test_caches_on_a_snapshot_follow_the_profile_not_its_id():
+    snap = ClusterSnapshot([NodeSpec("v", 8000, 64_000, tuple(GpuSpec(j, "V100") for j in range(2)))])
+    snap.free_milli[0] = [1000, 300]
+    for milli, expected in ((500, 300.0), (200, 0.0), (500, 300.0)):
+        profile = WorkloadProfile((TaskClass(1000, milli, 1, frozenset(), 1),))
+        assert cluster_fragmentation_milli(snap, profile) == expected
+        del profile  # the next profile may reuse the freed object's id

@@ -11,6 +11,7 @@ import numpy as np
 
 from gpupool_sched.placement.fragmentation import (
     WorkloadProfile,
+    cached_for_profile,
     fragmentation_model,
     node_fragmentation,
 )
@@ -68,8 +69,7 @@ class FgdScore(ScorePlugin):
         Results are remembered per request shape and node version: replicas of one workload and
         trace replays ask the same question again and again while only a few nodes changed."""
         snap, req = state.snapshot, state.request
-        memo = snap.caches.setdefault(("fgd-delta", id(self.profile)), ShapeMemo())
-        assert isinstance(memo, ShapeMemo)
+        memo = cached_for_profile(snap, "fgd-delta", self.profile, ShapeMemo)
         key = (req.cpu_milli, req.gpu_count, req.gpu_milli, req.gpu_memory_mib, req.gpu_models)
         versions, values = memo.get(key, len(snap), snap.gpu_slots if req.is_shared else 0)
         stale = candidates[versions[candidates] != snap.version[candidates]]

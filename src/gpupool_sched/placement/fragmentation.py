@@ -21,11 +21,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from gpupool_sched.model.cluster import ClusterSnapshot
 from gpupool_sched.model.request import PodRequest
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,27 +160,31 @@ class FragmentationModel:
         return idle * self.weight_total - self._class_sum(cnt_p, held_p, ok).astype(np.int64)
 
 
+def cached_for_profile(snapshot: ClusterSnapshot, kind: str, profile: WorkloadProfile, build: Callable[[], T]) -> T:
+    """Derived data of ``snapshot`` for ``profile``, cached on the snapshot. Keyed by the profile's
+    identity and checked against it, so a new profile never inherits a freed one's cache."""
+    key = (kind, id(profile))
+    entry = snapshot.caches.get(key)
+    if not isinstance(entry, tuple) or entry[0] is not profile:
+        entry = (profile, build())
+        snapshot.caches[key] = entry
+    return entry[1]  # type: ignore[no-any-return]
+
+
 def fragmentation_model(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> FragmentationModel:
     """The compiled model for this snapshot, cached on it."""
-    key = ("fragmentation-model", id(profile))
-    model = snapshot.caches.get(key)
-    if not isinstance(model, FragmentationModel) or model.profile is not profile:
-        model = FragmentationModel(profile, snapshot)
-        snapshot.caches[key] = model
-    return model
+    return cached_for_profile(snapshot, "fragmentation-model", profile, lambda: FragmentationModel(profile, snapshot))
 
 
 def node_fragmentation(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> np.ndarray:
-    """Per-node fragmentation in milli-GPU (kept current across assume/release by version checks)."""
+    """Per-node fragmentation (times the profile's weight total), kept current by version checks."""
     model = fragmentation_model(snapshot, profile)
-    key = ("node-fragmentation", id(profile))
-    cached = snapshot.caches.get(key)
-    if cached is None:
-        versions = np.full(len(snapshot), -1, dtype=np.int64)
-        values = np.zeros(len(snapshot), dtype=np.int64)
-        snapshot.caches[key] = (versions, values)
-    else:
-        versions, values = cached  # type: ignore[misc]
+    versions, values = cached_for_profile(
+        snapshot,
+        "node-fragmentation",
+        profile,
+        lambda: (np.full(len(snapshot), -1, dtype=np.int64), np.zeros(len(snapshot), dtype=np.int64)),
+    )
     stale = np.flatnonzero(versions != snapshot.version)
     if stale.size:
         values[stale] = model.frag(snapshot.free_milli[stale], snapshot.cpu_free[stale], stale)

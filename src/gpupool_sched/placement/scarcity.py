@@ -16,7 +16,7 @@ import numpy as np
 
 from gpupool_sched.model.cluster import ClusterSnapshot
 from gpupool_sched.model.request import MILLI
-from gpupool_sched.placement.fragmentation import WorkloadProfile
+from gpupool_sched.placement.fragmentation import WorkloadProfile, cached_for_profile
 from gpupool_sched.placement.framework import CycleState, ScorePlugin
 
 
@@ -40,16 +40,15 @@ def model_pressure(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> np.nd
 
 def node_pressure(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> np.ndarray:
     """Mean pressure of each node's usable GPUs (cached on the snapshot; node specs are static)."""
-    key = ("model-pressure", id(profile))
-    cached = snapshot.caches.get(key)
-    if cached is None:
+
+    def build() -> np.ndarray:
         per_model = model_pressure(snapshot, profile)
         ids = np.where(snapshot.gpu_usable, snapshot.gpu_model, -1)
         values = np.where(ids >= 0, per_model[np.maximum(ids, 0)] if per_model.size else 0.0, 0.0)
         count = (ids >= 0).sum(axis=1)
-        cached = np.divide(values.sum(axis=1), count, out=np.zeros(len(snapshot)), where=count > 0)
-        snapshot.caches[key] = cached
-    return cached  # type: ignore[return-value]
+        return np.divide(values.sum(axis=1), count, out=np.zeros(len(snapshot)), where=count > 0)
+
+    return cached_for_profile(snapshot, "model-pressure", profile, build)
 
 
 class ScarcityScore(ScorePlugin):

@@ -42,8 +42,9 @@ def _score_matrix(topology: NodeTopology) -> list[list[int]]:
     return [[pair_score(topology, a, b) for b in range(n)] for a in range(n)]
 
 
-def best_gpu_set(topology: NodeTopology, available: Sequence[int], size: int,
-                 must_include: Sequence[int] = ()) -> tuple[int, ...]:
+def best_gpu_set(
+    topology: NodeTopology, available: Sequence[int], size: int, must_include: Sequence[int] = ()
+) -> tuple[int, ...]:
     """The `size` GPUs (sorted indices) with the highest set score, containing `must_include`.
 
     Ties are broken first by what the choice leaves behind (prefer the set whose remaining GPUs keep
@@ -69,8 +70,9 @@ def best_gpu_set(topology: NodeTopology, available: Sequence[int], size: int,
     return _greedy(scores, free, need, must)
 
 
-def _exhaustive(scores: list[list[int]], pool: list[int], free: list[int], need: int,
-                must: tuple[int, ...]) -> tuple[int, ...]:
+def _exhaustive(
+    scores: list[list[int]], pool: list[int], free: list[int], need: int, must: tuple[int, ...]
+) -> tuple[int, ...]:
     best: list[tuple[int, ...]] = []
     best_score = -1
     for extra in combinations(free, need):
