@@ -178,3 +178,14 @@ def test_nodes_without_gpus_never_take_gpu_pods():
     snap = ClusterSnapshot([NodeSpec(name="cpu-only", cpu_milli=64_000, memory_mib=1000), gpu_node("g", 1)])
     d = decide(snap, PodRequest(name="p", gpu_count=1, gpu_milli=100), build_policy("best-fit"))
     assert isinstance(d, Placement) and d.node == "g"
+
+
+def test_a_memory_share_counts_only_the_gpus_that_can_host_it():
+    # node "small" has one 80 GB GPU and an empty second slot; node "big" two 40 GB GPUs
+    snap = ClusterSnapshot([gpu_node("small", 1, gpu_mem=80 * GB), gpu_node("big", 2, gpu_mem=40 * GB)])
+    from gpupool_sched.placement.framework import CycleState
+
+    state = CycleState(snap, PodRequest(name="m", gpu_count=1, gpu_memory_mib=20 * GB), None)
+    assert state.milli_taken(np.array([0, 1])).tolist() == [250, 500]
+    d = decide(snap, state.request, build_policy("gpupool", PROFILE))
+    assert isinstance(d, Placement) and d.gpu_milli in (250, 500)

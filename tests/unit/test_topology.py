@@ -19,16 +19,23 @@ def nvlink_pairs() -> NodeTopology:
     links = []
     for a, b in combinations(range(8), 2):
         nv = 12 if {a, b} in ({0, 2}, {1, 3}, {4, 6}, {5, 7}) else 0
-        level = (PcieLevel.SINGLE if a // 2 == b // 2 else PcieLevel.NODE if numa[a] == numa[b]
-                 else PcieLevel.SYSTEM)
+        level = PcieLevel.SINGLE if a // 2 == b // 2 else PcieLevel.NODE if numa[a] == numa[b] else PcieLevel.SYSTEM
         links.append((a, b, nv, level))
     return NodeTopology.from_links(numa, links)
 
 
 def test_pair_score_orders_links_like_nvidias_best_effort_policy() -> None:
-    t = NodeTopology.from_links([0, 0, 0, 0, 0, 0, 1], [
-        (0, 1, 1, PcieLevel.SYSTEM), (0, 2, 0, PcieLevel.INTERNAL), (0, 3, 0, PcieLevel.SINGLE),
-        (0, 4, 0, PcieLevel.MULTIPLE), (0, 5, 0, PcieLevel.HOSTBRIDGE), (0, 6, 0, PcieLevel.SYSTEM)])
+    t = NodeTopology.from_links(
+        [0, 0, 0, 0, 0, 0, 1],
+        [
+            (0, 1, 1, PcieLevel.SYSTEM),
+            (0, 2, 0, PcieLevel.INTERNAL),
+            (0, 3, 0, PcieLevel.SINGLE),
+            (0, 4, 0, PcieLevel.MULTIPLE),
+            (0, 5, 0, PcieLevel.HOSTBRIDGE),
+            (0, 6, 0, PcieLevel.SYSTEM),
+        ],
+    )
     scores = [pair_score(t, 0, b) for b in range(1, 7)]
     assert scores == sorted(scores, reverse=True)
     assert len(set(scores)) == 6
@@ -93,12 +100,14 @@ def test_topology_must_be_square_and_symmetric() -> None:
 def test_greedy_beyond_the_exhaustive_limit_finds_linked_groups(monkeypatch) -> None:
     # 16 GPUs in 4 NVLink islands of 4; 16 choose 8 = 12870 sets > limit -> greedy
     n = 16
-    links = [(a, b, 4 if a // 4 == b // 4 else 0, PcieLevel.NODE if a // 8 == b // 8 else PcieLevel.SYSTEM)
-             for a, b in combinations(range(n), 2)]
+    links = [
+        (a, b, 4 if a // 4 == b // 4 else 0, PcieLevel.NODE if a // 8 == b // 8 else PcieLevel.SYSTEM)
+        for a, b in combinations(range(n), 2)
+    ]
     t = NodeTopology.from_links([g // 8 for g in range(n)], links)
     assert best_gpu_set(t, range(n), 8) == tuple(range(8))
     assert best_gpu_set(t, range(n), 4, must_include=[9]) == (8, 9, 10, 11)
-    monkeypatch.setattr(topo, "EXHAUSTIVE_LIMIT", 10 ** 9)
+    monkeypatch.setattr(topo, "EXHAUSTIVE_LIMIT", 10**9)
     assert best_gpu_set(t, range(n), 8) == tuple(range(8))  # exhaustive agrees
 
 
@@ -107,8 +116,10 @@ def test_greedy_beyond_the_exhaustive_limit_finds_linked_groups(monkeypatch) -> 
 def test_exhaustive_result_is_optimal(data) -> None:
     n = data.draw(st.integers(2, 7))
     numa = [g * 2 // n for g in range(n)]
-    links = [(a, b, data.draw(st.integers(0, 3)), data.draw(st.sampled_from(list(PcieLevel))))
-             for a, b in combinations(range(n), 2)]
+    links = [
+        (a, b, data.draw(st.integers(0, 3)), data.draw(st.sampled_from(list(PcieLevel))))
+        for a, b in combinations(range(n), 2)
+    ]
     t = NodeTopology.from_links(numa, links)
     available = data.draw(st.lists(st.integers(0, n - 1), min_size=1, unique=True))
     size = data.draw(st.integers(1, len(available)))

@@ -79,8 +79,7 @@ class ClusterBinaries:
             if not (folders[name] / ".complete").is_file() or not (folders[name] / exe).is_file()
         ]
         if missing:
-            raise DevClusterError(f"not built: {', '.join(missing)}; run `make cluster-bins` "
-                                  "(10-25 min when cold)")
+            raise DevClusterError(f"not built: {', '.join(missing)}; run `make cluster-bins` (10-25 min when cold)")
         k8s = folders["kubernetes"]
         return cls(
             etcd=etcd_binary(),

@@ -26,22 +26,31 @@ AddBar = Callable[[str, int], TaskID]
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "dev-cluster", help="local control plane: etcd + kube-apiserver + kwok on 127.0.0.1",
+        "dev-cluster",
+        help="local control plane: etcd + kube-apiserver + kwok on 127.0.0.1",
         description="A real local Kubernetes control plane (etcd, kube-apiserver with TLS/token auth/RBAC, "
-                    "kwok) for tests, demos and benchmarks. Binaries: `make cluster-bins`.")
+        "kwok) for tests, demos and benchmarks. Binaries: `make cluster-bins`.",
+    )
     commands = parser.add_subparsers(dest="dev_cluster_command", required=True, metavar="ACTION")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--name", default=DEFAULT_CLUSTER,
-                         help=f"which dev cluster (default {DEFAULT_CLUSTER!r}); "
-                              "each has its own ports and files")
+        sub.add_argument(
+            "--name",
+            default=DEFAULT_CLUSTER,
+            help=f"which dev cluster (default {DEFAULT_CLUSTER!r}); each has its own ports and files",
+        )
         return sub
 
     up = add("up", "start the cluster (or reuse the running one) and print its admin kubeconfig path")
-    up.add_argument("--with", dest="optional", action="append", default=[],
-                    choices=["kube-scheduler", "kube-controller-manager"],
-                    help="also run this component (repeatable)")
+    up.add_argument(
+        "--with",
+        dest="optional",
+        action="append",
+        default=[],
+        choices=["kube-scheduler", "kube-controller-manager"],
+        help="also run this component (repeatable)",
+    )
     up.set_defaults(func=_up)
 
     down = add("down", "stop every process of the cluster (by pid file) and delete its etcd data")
@@ -55,18 +64,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     kubeconfig = add("kubeconfig", "print the admin kubeconfig path (export KUBECONFIG=$(...))")
     kubeconfig.set_defaults(func=_kubeconfig)
 
-    add_nodes = add("add-nodes",
-                    "create fake GPU nodes from a device-plugin NVML profile and wait until they are Ready")
+    add_nodes = add(
+        "add-nodes", "create fake GPU nodes from a device-plugin NVML profile and wait until they are Ready"
+    )
     add_nodes.add_argument("--profile", required=True, help="fake NVML profile, e.g. dgx-h100, a100-mig")
     add_nodes.add_argument("--count", type=int, required=True, help="how many nodes")
     add_nodes.add_argument("--prefix", help="node name prefix (default kwok-<profile>-); indices continue")
     add_nodes.add_argument("--no-wait", action="store_true", help="do not wait for the nodes to be Ready")
-    add_nodes.add_argument("--concurrency", type=int, default=32,
-                           help="parallel create requests (default 32)")
+    add_nodes.add_argument("--concurrency", type=int, default=32, help="parallel create requests (default 32)")
     add_nodes.set_defaults(func=_add_nodes)
 
-    profiles = commands.add_parser("profiles", help="the fake NVML profiles add-nodes accepts, with what a node "
-                                   "of each publishes", description="fake node profiles (from the device plugin)")
+    profiles = commands.add_parser(
+        "profiles",
+        help="the fake NVML profiles add-nodes accepts, with what a node of each publishes",
+        description="fake node profiles (from the device plugin)",
+    )
     profiles.set_defaults(func=_profiles)
 
     delete_nodes = add("delete-nodes", "delete the fake nodes whose name starts with a prefix")
@@ -103,8 +115,10 @@ def _up(args: argparse.Namespace) -> int:
     verb = "reusing running" if result.reused else "started"
     extra = f" (+ {', '.join(result.started)})" if result.reused and result.started else ""
     state = result.state
-    _console.print(f"{verb} dev cluster {cluster.name!r}{extra}: Kubernetes {state.kubernetes_version} "
-                   f"at {state.server} in {result.seconds:.1f}s")
+    _console.print(
+        f"{verb} dev cluster {cluster.name!r}{extra}: Kubernetes {state.kubernetes_version} "
+        f"at {state.server} in {result.seconds:.1f}s"
+    )
     _console.print(f"admin kubeconfig: {cluster.kubeconfig}")
     _console.print(f"  export KUBECONFIG={cluster.kubeconfig}")
     print(cluster.kubeconfig)
@@ -115,8 +129,10 @@ def _up(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     stopped = cluster.down(log=lambda line: _console.print(f"  {line}"), purge=args.purge)
-    _console.print(f"dev cluster {cluster.name!r}: " + (f"stopped {len(stopped)} process(es)" if stopped
-                                                       else "nothing was running"))
+    _console.print(
+        f"dev cluster {cluster.name!r}: "
+        + (f"stopped {len(stopped)} process(es)" if stopped else "nothing was running")
+    )
     return 0
 
 
@@ -137,26 +153,37 @@ def _status(args: argparse.Namespace) -> int:
         finally:
             handle.close()
     if args.json:
-        print(json.dumps({
-            "name": cluster.name, "running": state is not None, "server": state.server if state else None,
-            "kubeconfig": str(cluster.kubeconfig), "nodes": nodes,
-            "kubernetes_version": state.kubernetes_version if state else None,
-            "processes": [p.__dict__ for p in processes],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "name": cluster.name,
+                    "running": state is not None,
+                    "server": state.server if state else None,
+                    "kubeconfig": str(cluster.kubeconfig),
+                    "nodes": nodes,
+                    "kubernetes_version": state.kubernetes_version if state else None,
+                    "processes": [p.__dict__ for p in processes],
+                },
+                indent=2,
+            )
+        )
         return 0 if state else 1
     if state is None:
         leftover = [p.name for p in processes if p.alive]
         tail = f"; still alive: {', '.join(leftover)} (run `gpupool dev-cluster down`)" if leftover else ""
         _console.print(f"dev cluster {cluster.name!r} is not running{tail}")
         return 1
-    print(f"dev cluster {cluster.name!r}: Kubernetes {state.kubernetes_version} at {state.server}, "
-          f"{nodes} nodes, up {_duration(time.time() - state.started_at)}")
+    print(
+        f"dev cluster {cluster.name!r}: Kubernetes {state.kubernetes_version} at {state.server}, "
+        f"{nodes} nodes, up {_duration(time.time() - state.started_at)}"
+    )
     table = Table()
     for column in ("component", "pid", "alive", "RSS MiB"):
         table.add_column(column, justify="right" if column != "component" else "left")
     for process in processes:
-        table.add_row(process.name, str(process.pid), "yes" if process.alive else "NO",
-                      f"{process.rss_bytes / 2**20:.0f}")
+        table.add_row(
+            process.name, str(process.pid), "yes" if process.alive else "NO", f"{process.rss_bytes / 2**20:.0f}"
+        )
     Console().print(table)
     print(f"kubeconfig: {cluster.kubeconfig}")
     return 0
@@ -191,14 +218,23 @@ def _add_nodes(args: argparse.Namespace) -> int:
             def show_ready(done: int, _total: int) -> None:
                 progress.update(ready_task, completed=done)
 
-            names = handle.add_nodes(args.profile, args.count, args.prefix, wait=not args.no_wait,
-                                     concurrency=args.concurrency, created=show_created, ready=show_ready)
+            names = handle.add_nodes(
+                args.profile,
+                args.count,
+                args.prefix,
+                wait=not args.no_wait,
+                concurrency=args.concurrency,
+                created=show_created,
+                ready=show_ready,
+            )
     finally:
         handle.close()
     seconds = time.monotonic() - began
     state = "created" if args.no_wait else "Ready"
-    _console.print(f"{len(names)} {args.profile} nodes {state} in {seconds:.1f}s "
-                   f"({len(names) / seconds:.0f} nodes/s): {names[0]} .. {names[-1]}")
+    _console.print(
+        f"{len(names)} {args.profile} nodes {state} in {seconds:.1f}s "
+        f"({len(names) / seconds:.0f} nodes/s): {names[0]} .. {names[-1]}"
+    )
     return 0
 
 
@@ -226,10 +262,16 @@ def _profiles(args: argparse.Namespace) -> int:
         table.add_column(column)
     for profile in available_profiles():
         published = publication_for_profile(profile)
-        resources = ", ".join(f"{key.removeprefix('nvidia.com/')}={value}"
-                              for key, value in sorted(published.capacity.items()))
-        table.add_row(profile, published.host_capacity.get("cpu", ""), published.host_capacity.get("memory", ""),
-                      resources, published.labels.get("nvidia.com/gpu.product", ""))
+        resources = ", ".join(
+            f"{key.removeprefix('nvidia.com/')}={value}" for key, value in sorted(published.capacity.items())
+        )
+        table.add_row(
+            profile,
+            published.host_capacity.get("cpu", ""),
+            published.host_capacity.get("memory", ""),
+            resources,
+            published.labels.get("nvidia.com/gpu.product", ""),
+        )
     Console(soft_wrap=True).print(table)
     return 0
 
@@ -237,8 +279,14 @@ def _profiles(args: argparse.Namespace) -> int:
 @contextmanager
 def _progress() -> Iterator[tuple[Progress, AddBar]]:
     """Progress bars on a terminal; nothing (only the summary line) in logs."""
-    progress = Progress(TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=_console, disable=not _console.is_terminal)
+    progress = Progress(
+        TextColumn("{task.description:>8}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_console,
+        disable=not _console.is_terminal,
+    )
 
     def bar(description: str, total: int) -> TaskID:
         return progress.add_task(description, total=total)

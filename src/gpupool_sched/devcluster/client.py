@@ -35,10 +35,18 @@ class ClusterClient:
         api = api_client(cluster.kubeconfig, pool_size=pool_size)
         return cls(cluster, cluster.kubeconfig, state.server, api, client.CoreV1Api(api))
 
-    def add_nodes(self, profile: str, count: int, prefix: str | None = None, *, wait: bool = True,
-                  timeout_s: float = READY_TIMEOUT_S, concurrency: int = 32,
-                  created: fake_nodes.Progress | None = None,
-                  ready: fake_nodes.Progress | None = None) -> list[str]:
+    def add_nodes(
+        self,
+        profile: str,
+        count: int,
+        prefix: str | None = None,
+        *,
+        wait: bool = True,
+        timeout_s: float = READY_TIMEOUT_S,
+        concurrency: int = 32,
+        created: fake_nodes.Progress | None = None,
+        ready: fake_nodes.Progress | None = None,
+    ) -> list[str]:
         """Create `count` fake nodes of `profile` named `<prefix><index>` (indices continue after the
         highest one in use), then, with `wait`, block until all are Ready. Returns their names."""
         if count <= 0:
@@ -58,11 +66,15 @@ class ClusterClient:
         gone = set(names)
         self.created_nodes = [name for name in self.created_nodes if name not in gone]
 
-    def start_kube_scheduler(self, scheduler_name: str = "default-scheduler", *, tag: str = "kube-scheduler",
-                             extra_config: dict[str, object] | None = None) -> TrackedProcess:
+    def start_kube_scheduler(
+        self,
+        scheduler_name: str = "default-scheduler",
+        *,
+        tag: str = "kube-scheduler",
+        extra_config: dict[str, object] | None = None,
+    ) -> TrackedProcess:
         """The real kube-scheduler with one profile `scheduler_name`; stopped by `close()` or `down`."""
-        process = self.cluster.start_kube_scheduler(scheduler_name=scheduler_name, tag=tag,
-                                                    extra_config=extra_config)
+        process = self.cluster.start_kube_scheduler(scheduler_name=scheduler_name, tag=tag, extra_config=extra_config)
         self._schedulers.append(process)
         return process
 

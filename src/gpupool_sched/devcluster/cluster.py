@@ -81,8 +81,10 @@ class DevCluster:
         return found
 
     def component_status(self) -> list[ComponentStatus]:
-        return [ComponentStatus(name, process.pid, process.alive(), process.rss_bytes())
-                for name, process in self.processes().items()]
+        return [
+            ComponentStatus(name, process.pid, process.alive(), process.rss_bytes())
+            for name, process in self.processes().items()
+        ]
 
     def running_state(self) -> ClusterState | None:
         """The state of this cluster if its core processes are alive and the apiserver is ready."""
@@ -93,8 +95,13 @@ class DevCluster:
         if not all(name in processes and processes[name].alive() for name in CORE_COMPONENTS):
             return None
         try:
-            components.wait_ready(processes["kube-apiserver"], f"{state.server}/readyz", timeout_s=5,
-                                  ca_file=self.layout.pki.ca_cert, token=self._token("admin"))
+            components.wait_ready(
+                processes["kube-apiserver"],
+                f"{state.server}/readyz",
+                timeout_s=5,
+                ca_file=self.layout.pki.ca_cert,
+                token=self._token("admin"),
+            )
         except DevClusterError:
             return None
         return state
@@ -102,8 +109,7 @@ class DevCluster:
     def require_running(self) -> ClusterState:
         state = self.running_state()
         if state is None:
-            hint = ("make cluster-up" if self.name == DEFAULT_CLUSTER
-                    else f"gpupool dev-cluster up --name {self.name}")
+            hint = "make cluster-up" if self.name == DEFAULT_CLUSTER else f"gpupool dev-cluster up --name {self.name}"
             raise DevClusterError(f"dev cluster {self.name!r} is not running: start it with `{hint}`")
         return state
 
@@ -115,8 +121,9 @@ class DevCluster:
         wanted = tuple(optional)
         unknown = sorted(set(wanted) - set(OPTIONAL_COMPONENTS))
         if unknown:
-            raise DevClusterError(f"unknown component(s) {', '.join(unknown)}; "
-                                  f"optional ones are {', '.join(OPTIONAL_COMPONENTS)}")
+            raise DevClusterError(
+                f"unknown component(s) {', '.join(unknown)}; optional ones are {', '.join(OPTIONAL_COMPONENTS)}"
+            )
         began = time.monotonic()
         with self._locked():
             state = self.running_state()
@@ -145,10 +152,13 @@ class DevCluster:
         layout.root.chmod(0o700)
         pki = ClusterPki.create(layout.root / "pki")
         shm = Path("/dev/shm")
-        data_dir = tempfile.mkdtemp(prefix=f"gpupool-etcd-{self.name}-",
-                                    dir=shm if shm.is_dir() and _writable(shm) else None)
-        ports = {name: components.free_port()
-                 for name in ("etcd", "etcd-peer", "kube-apiserver", "kwok", "kube-controller-manager")}
+        data_dir = tempfile.mkdtemp(
+            prefix=f"gpupool-etcd-{self.name}-", dir=shm if shm.is_dir() and _writable(shm) else None
+        )
+        ports = {
+            name: components.free_port()
+            for name in ("etcd", "etcd-peer", "kube-apiserver", "kwok", "kube-controller-manager")
+        }
         state = ClusterState(
             name=self.name,
             server=f"https://{components.LOOPBACK}:{ports['kube-apiserver']}",
@@ -163,35 +173,47 @@ class DevCluster:
         tokens = pki.tokens()
         for user in TOKEN_USERS:
             path = layout.kubeconfig if user.name == "admin" else layout.component_kubeconfig(user.name)
-            write_kubeconfig(path, server=state.server, ca_cert=pki.ca_cert, user=user.user,
-                             token=tokens[user.name], cluster_name=self.name)
+            write_kubeconfig(
+                path,
+                server=state.server,
+                ca_cert=pki.ca_cert,
+                user=user.user,
+                token=tokens[user.name],
+                cluster_name=self.name,
+            )
 
         log(f"etcd {_etcd_version(bins.etcd)} on {state.etcd_url} (data in {data_dir})")
         etcd = self._spawn("etcd", components.etcd_argv(bins, state))
-        components.wait_ready(etcd, f"{state.etcd_url}/health", timeout_s=START_TIMEOUT_S,
-                              expect=['"health":"true"'])
+        components.wait_ready(etcd, f"{state.etcd_url}/health", timeout_s=START_TIMEOUT_S, expect=['"health":"true"'])
 
         log(f"kube-apiserver {bins.kubernetes_version} on {state.server}")
         apiserver = self._spawn("kube-apiserver", components.apiserver_argv(bins, layout, state))
-        components.wait_ready(apiserver, f"{state.server}/readyz", timeout_s=START_TIMEOUT_S,
-                              ca_file=pki.ca_cert, token=tokens["admin"])
+        components.wait_ready(
+            apiserver, f"{state.server}/readyz", timeout_s=START_TIMEOUT_S, ca_file=pki.ca_cert, token=tokens["admin"]
+        )
         reported = components.apiserver_version(state.server, pki.ca_cert)
         if reported != bins.kubernetes_version:
-            raise DevClusterError(f"kube-apiserver reports {reported}, expected {bins.kubernetes_version}: "
-                                  "rebuild with `make cluster-bins`")
+            raise DevClusterError(
+                f"kube-apiserver reports {reported}, expected {bins.kubernetes_version}: "
+                "rebuild with `make cluster-bins`"
+            )
 
         self._start_kwok(bins, state, leases=False, log=log)
         return state
 
     def _start_kwok(self, bins: ClusterBinaries, state: ClusterState, *, leases: bool, log: Log) -> None:
-        log(f"kwok {bins.kwok_version} (stages: {components.kwok_stages_file().name}"
-            f"{', node leases' if leases else ''})")
+        log(
+            f"kwok {bins.kwok_version} (stages: {components.kwok_stages_file().name}"
+            f"{', node leases' if leases else ''})"
+        )
         kwok = self._spawn("kwok", components.kwok_argv(bins, self.layout, state, leases=leases))
-        components.wait_ready(kwok, f"http://{components.LOOPBACK}:{state.ports['kwok']}/healthz",
-                              timeout_s=START_TIMEOUT_S)
+        components.wait_ready(
+            kwok, f"http://{components.LOOPBACK}:{state.ports['kwok']}/healthz", timeout_s=START_TIMEOUT_S
+        )
 
-    def _start_optional(self, bins: ClusterBinaries, state: ClusterState, wanted: tuple[str, ...],
-                        log: Log) -> tuple[str, ...]:
+    def _start_optional(
+        self, bins: ClusterBinaries, state: ClusterState, wanted: tuple[str, ...], log: Log
+    ) -> tuple[str, ...]:
         running = {name for name, p in self.processes().items() if p.alive()}
         started: list[str] = []
         if "kube-controller-manager" in wanted and "kube-controller-manager" not in running:
@@ -201,11 +223,15 @@ class DevCluster:
                 kwok.stop()
                 self._start_kwok(bins, state, leases=True, log=log)
             log("kube-controller-manager")
-            process = self._spawn("kube-controller-manager",
-                                  components.controller_manager_argv(bins, self.layout, state))
+            process = self._spawn(
+                "kube-controller-manager", components.controller_manager_argv(bins, self.layout, state)
+            )
             components.wait_ready(
-                process, f"https://{components.LOOPBACK}:{state.ports['kube-controller-manager']}/healthz",
-                timeout_s=START_TIMEOUT_S, insecure=True)
+                process,
+                f"https://{components.LOOPBACK}:{state.ports['kube-controller-manager']}/healthz",
+                timeout_s=START_TIMEOUT_S,
+                insecure=True,
+            )
             started.append("kube-controller-manager")
         if "kube-scheduler" in wanted and "kube-scheduler" not in running:
             log("kube-scheduler (profile default-scheduler)")
@@ -213,8 +239,13 @@ class DevCluster:
             started.append("kube-scheduler")
         return tuple(started)
 
-    def start_kube_scheduler(self, *, scheduler_name: str = "default-scheduler", tag: str = "kube-scheduler",
-                             extra_config: dict[str, object] | None = None) -> TrackedProcess:
+    def start_kube_scheduler(
+        self,
+        *,
+        scheduler_name: str = "default-scheduler",
+        tag: str = "kube-scheduler",
+        extra_config: dict[str, object] | None = None,
+    ) -> TrackedProcess:
         """Run the real kube-scheduler against this cluster with one profile named `scheduler_name`
         (`extra_config` is merged into its KubeSchedulerConfiguration, e.g. `extenders`). Its pid file is
         run/<tag>.pid, so `down` stops it too; stop it earlier with `.stop()`."""
@@ -226,11 +257,13 @@ class DevCluster:
         config = components.scheduler_config(layout, scheduler_name, extra=extra_config)
         components.write_scheduler_config(config_file, config)
         port = components.free_port()
-        process = self._spawn(tag, components.scheduler_argv(bins, layout, config_file, port,
-                                                             layout.root / "pki" / tag))
+        process = self._spawn(
+            tag, components.scheduler_argv(bins, layout, config_file, port, layout.root / "pki" / tag)
+        )
         try:
-            components.wait_ready(process, f"https://{components.LOOPBACK}:{port}/healthz",
-                                  timeout_s=START_TIMEOUT_S, insecure=True)
+            components.wait_ready(
+                process, f"https://{components.LOOPBACK}:{port}/healthz", timeout_s=START_TIMEOUT_S, insecure=True
+            )
         except BaseException:
             process.stop()
             raise

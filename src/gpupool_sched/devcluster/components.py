@@ -89,8 +89,7 @@ def apiserver_argv(bins: ClusterBinaries, layout: ClusterLayout, state: ClusterS
     ]
 
 
-def kwok_argv(bins: ClusterBinaries, layout: ClusterLayout, state: ClusterState, *,
-              leases: bool) -> list[str]:
+def kwok_argv(bins: ClusterBinaries, layout: ClusterLayout, state: ClusterState, *, leases: bool) -> list[str]:
     argv = [
         str(bins.kwok),
         f"--kubeconfig={layout.component_kubeconfig('kwok')}",
@@ -129,14 +128,18 @@ def controller_manager_argv(bins: ClusterBinaries, layout: ClusterLayout, state:
     ]
 
 
-def scheduler_config(layout: ClusterLayout, scheduler_name: str, *,
-                     extra: dict[str, object] | None = None) -> dict[str, object]:
+def scheduler_config(
+    layout: ClusterLayout, scheduler_name: str, *, extra: dict[str, object] | None = None
+) -> dict[str, object]:
     """A KubeSchedulerConfiguration with one profile named `scheduler_name`; `extra` merges on top."""
     document: dict[str, object] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(layout.component_kubeconfig("kube-scheduler")),
-                             "qps": 200, "burst": 400},
+        "clientConnection": {
+            "kubeconfig": str(layout.component_kubeconfig("kube-scheduler")),
+            "qps": 200,
+            "burst": 400,
+        },
         "leaderElection": {"leaderElect": False},
         "profiles": [{"schedulerName": scheduler_name}],
     }
@@ -144,8 +147,9 @@ def scheduler_config(layout: ClusterLayout, scheduler_name: str, *,
     return document
 
 
-def scheduler_argv(bins: ClusterBinaries, layout: ClusterLayout, config_file: Path, port: int,
-                   cert_dir: Path) -> list[str]:
+def scheduler_argv(
+    bins: ClusterBinaries, layout: ClusterLayout, config_file: Path, port: int, cert_dir: Path
+) -> list[str]:
     kubeconfig = layout.component_kubeconfig("kube-scheduler")
     return [
         str(bins.kube_scheduler),
@@ -163,8 +167,16 @@ def write_scheduler_config(path: Path, document: dict[str, object]) -> None:
     path.write_text(yaml.safe_dump(document, sort_keys=False))
 
 
-def wait_ready(process: TrackedProcess, url: str, *, timeout_s: float, ca_file: Path | None = None,
-               token: str | None = None, insecure: bool = False, expect: Sequence[str] = ()) -> None:
+def wait_ready(
+    process: TrackedProcess,
+    url: str,
+    *,
+    timeout_s: float,
+    ca_file: Path | None = None,
+    token: str | None = None,
+    insecure: bool = False,
+    expect: Sequence[str] = (),
+) -> None:
     """Poll `url` until it answers 200 (with every string of `expect` in the body), the process dies,
     or `timeout_s` passes; the last two raise with the tail of the process's log."""
     context: ssl.SSLContext | None = None
@@ -178,8 +190,10 @@ def wait_ready(process: TrackedProcess, url: str, *, timeout_s: float, ca_file: 
     last_error = "no answer"
     while time.monotonic() < deadline:
         if not process.alive():
-            raise DevClusterError(f"{process.name} exited during start-up; last log lines:\n"
-                                  f"{process.log_tail(8)}\n(full log: {process.log_file})")
+            raise DevClusterError(
+                f"{process.name} exited during start-up; last log lines:\n"
+                f"{process.log_tail(8)}\n(full log: {process.log_file})"
+            )
         try:
             with urllib.request.urlopen(request, timeout=2, context=context) as answer:
                 body = answer.read().decode(errors="replace")
@@ -189,8 +203,9 @@ def wait_ready(process: TrackedProcess, url: str, *, timeout_s: float, ca_file: 
         except (urllib.error.URLError, OSError) as exc:
             last_error = str(getattr(exc, "reason", exc))
         time.sleep(0.2)
-    raise DevClusterError(f"{process.name} not ready after {timeout_s:.0f}s at {url} ({last_error}); "
-                          f"see {process.log_file}")
+    raise DevClusterError(
+        f"{process.name} not ready after {timeout_s:.0f}s at {url} ({last_error}); see {process.log_file}"
+    )
 
 
 def apiserver_version(server: str, ca_file: Path) -> str:

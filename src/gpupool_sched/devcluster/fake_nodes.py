@@ -68,8 +68,7 @@ def fake_node_manifest(name: str, profile: str, publication: NodePublication) ->
                 PROFILE_LABEL: profile,
                 **publication.labels,
             },
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0", **publication.annotations,
-                            **FAKE_NODE_ANNOTATION},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", **publication.annotations, **FAKE_NODE_ANNOTATION},
         },
         # no taint: every node of the dev cluster is fake, so ordinary pods may land on them
         "spec": {},
@@ -95,8 +94,9 @@ def list_node_names(core: client.CoreV1Api, label_selector: str = "") -> list[st
     return [item["metadata"]["name"] for item in listing["items"]]
 
 
-def create_fake_nodes(core: client.CoreV1Api, profile: str, names: list[str], *, concurrency: int = 32,
-                      progress: Progress | None = None) -> None:
+def create_fake_nodes(
+    core: client.CoreV1Api, profile: str, names: list[str], *, concurrency: int = 32, progress: Progress | None = None
+) -> None:
     """Create one fake `profile` node per name, concurrently. Each worker builds its node's publication
     (a few ms of CPU) while others wait on the apiserver; responses are not decoded, which is where
     the Python client would otherwise spend its time."""
@@ -109,8 +109,9 @@ def create_fake_nodes(core: client.CoreV1Api, profile: str, names: list[str], *,
     _run_concurrently(create, names, concurrency=concurrency, progress=progress, what="create node")
 
 
-def delete_nodes(core: client.CoreV1Api, names: Iterable[str], *, concurrency: int = 32,
-                 progress: Progress | None = None) -> None:
+def delete_nodes(
+    core: client.CoreV1Api, names: Iterable[str], *, concurrency: int = 32, progress: Progress | None = None
+) -> None:
     """Delete nodes by name; nodes already gone are fine."""
 
     def delete(name: str) -> None:
@@ -123,8 +124,9 @@ def delete_nodes(core: client.CoreV1Api, names: Iterable[str], *, concurrency: i
     _run_concurrently(delete, list(names), concurrency=concurrency, progress=progress, what="delete node")
 
 
-def wait_nodes_ready(core: client.CoreV1Api, names: Iterable[str], *, timeout_s: float,
-                     progress: Progress | None = None) -> None:
+def wait_nodes_ready(
+    core: client.CoreV1Api, names: Iterable[str], *, timeout_s: float, progress: Progress | None = None
+) -> None:
     """Block until every named node has condition Ready=True: one list, then a watch from its
     resourceVersion (listing again if the watch expires), never polling."""
     pending = set(names)
@@ -144,11 +146,18 @@ def wait_nodes_ready(core: client.CoreV1Api, names: Iterable[str], *, timeout_s:
             break
         if left <= 0:
             sample = ", ".join(sorted(pending)[:3])
-            raise DevClusterError(f"{len(pending)} of {total} nodes not Ready after {timeout_s:.0f}s "
-                                  f"(e.g. {sample}); is kwok running? see its log")
-        stream = core.list_node(label_selector=selector, watch=True, resource_version=version,
-                                allow_watch_bookmarks=True, timeout_seconds=max(1, int(min(left, 30))),
-                                _preload_content=False)
+            raise DevClusterError(
+                f"{len(pending)} of {total} nodes not Ready after {timeout_s:.0f}s "
+                f"(e.g. {sample}); is kwok running? see its log"
+            )
+        stream = core.list_node(
+            label_selector=selector,
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=max(1, int(min(left, 30))),
+            _preload_content=False,
+        )
         try:
             for line in stream:
                 event = json.loads(line)
@@ -173,8 +182,9 @@ def _is_ready(node: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def _run_concurrently(action: Callable[[Any], object], items: list[Any], *, concurrency: int,
-                      progress: Progress | None, what: str) -> None:
+def _run_concurrently(
+    action: Callable[[Any], object], items: list[Any], *, concurrency: int, progress: Progress | None, what: str
+) -> None:
     if not items:
         return
     lock = threading.Lock()

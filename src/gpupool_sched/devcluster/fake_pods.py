@@ -22,9 +22,17 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # a name only: nothing pulls it
 Progress = Callable[[int, int], None]
 
 
-def pod_manifest(name: str, *, node_name: str | None = None, scheduler_name: str | None = None,
-                 run_for: str | None = None, gpus: int = 0, cpu: str = "100m", memory: str = "64Mi",
-                 labels: dict[str, str] | None = None) -> dict[str, Any]:
+def pod_manifest(
+    name: str,
+    *,
+    node_name: str | None = None,
+    scheduler_name: str | None = None,
+    run_for: str | None = None,
+    gpus: int = 0,
+    cpu: str = "100m",
+    memory: str = "64Mi",
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """A one-container pod. `node_name` binds it directly (no scheduler); `run_for` (e.g. "30s") makes
     kwok move it to Succeeded that long after it is Running; `gpus` requests nvidia.com/gpu."""
     requests: dict[str, str] = {"cpu": cpu, "memory": memory}
@@ -32,8 +40,13 @@ def pod_manifest(name: str, *, node_name: str | None = None, scheduler_name: str
     if gpus:
         requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(gpus)
     spec: dict[str, Any] = {
-        "containers": [{"name": "main", "image": PAUSE_IMAGE,
-                        "resources": {"requests": requests, **({"limits": limits} if limits else {})}}],
+        "containers": [
+            {
+                "name": "main",
+                "image": PAUSE_IMAGE,
+                "resources": {"requests": requests, **({"limits": limits} if limits else {})},
+            }
+        ],
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,
     }
@@ -47,8 +60,14 @@ def pod_manifest(name: str, *, node_name: str | None = None, scheduler_name: str
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
-def create_pods(core: client.CoreV1Api, namespace: str, manifests: list[dict[str, Any]], *,
-                concurrency: int = 32, progress: Progress | None = None) -> None:
+def create_pods(
+    core: client.CoreV1Api,
+    namespace: str,
+    manifests: list[dict[str, Any]],
+    *,
+    concurrency: int = 32,
+    progress: Progress | None = None,
+) -> None:
     """Create pods concurrently without decoding the responses."""
     lock = threading.Lock()
     done = 0
@@ -58,8 +77,9 @@ def create_pods(core: client.CoreV1Api, namespace: str, manifests: list[dict[str
         try:
             discard(core.create_namespaced_pod(namespace, body=body, _preload_content=False))
         except ApiException as exc:
-            raise DevClusterError(f"create pod {namespace}/{body['metadata']['name']}: "
-                                  f"HTTP {exc.status} {exc.reason}") from None
+            raise DevClusterError(
+                f"create pod {namespace}/{body['metadata']['name']}: HTTP {exc.status} {exc.reason}"
+            ) from None
         with lock:
             done += 1
             if progress:
@@ -72,13 +92,22 @@ def create_pods(core: client.CoreV1Api, namespace: str, manifests: list[dict[str
 
 def pod_phases(core: client.CoreV1Api, namespace: str, label_selector: str = "") -> Counter[str]:
     """How many pods of the namespace are in each phase (one raw list, decoded with json)."""
-    items = read_json(core.list_namespaced_pod(namespace, label_selector=label_selector,
-                                               _preload_content=False))["items"]
+    items = read_json(core.list_namespaced_pod(namespace, label_selector=label_selector, _preload_content=False))[
+        "items"
+    ]
     return Counter(item.get("status", {}).get("phase", "Unknown") for item in items)
 
 
-def wait_pods_phase(core: client.CoreV1Api, namespace: str, phase: str, count: int, *, timeout_s: float,
-                    label_selector: str = "", progress: Progress | None = None) -> None:
+def wait_pods_phase(
+    core: client.CoreV1Api,
+    namespace: str,
+    phase: str,
+    count: int,
+    *,
+    timeout_s: float,
+    label_selector: str = "",
+    progress: Progress | None = None,
+) -> None:
     """Poll until `count` pods of the namespace are in `phase`; raise after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -88,13 +117,13 @@ def wait_pods_phase(core: client.CoreV1Api, namespace: str, phase: str, count: i
         if phases[phase] >= count:
             return
         if time.monotonic() > deadline:
-            raise DevClusterError(f"{phases[phase]} of {count} pods {phase} after {timeout_s:.0f}s "
-                                  f"in {namespace} ({dict(phases)})")
+            raise DevClusterError(
+                f"{phases[phase]} of {count} pods {phase} after {timeout_s:.0f}s in {namespace} ({dict(phases)})"
+            )
         time.sleep(1.0)
 
 
-def wait_pod_phase(core: client.CoreV1Api, namespace: str, name: str, phase: str, *,
-                   timeout_s: float) -> client.V1Pod:
+def wait_pod_phase(core: client.CoreV1Api, namespace: str, name: str, phase: str, *, timeout_s: float) -> client.V1Pod:
     """Poll one pod until it is in `phase`; raise with its last phase and node after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -102,6 +131,8 @@ def wait_pod_phase(core: client.CoreV1Api, namespace: str, name: str, phase: str
         if pod.status.phase == phase:
             return pod
         if time.monotonic() > deadline:
-            raise DevClusterError(f"pod {namespace}/{name} is {pod.status.phase} on node "
-                                  f"{pod.spec.node_name!r} after {timeout_s:.0f}s, not {phase}")
+            raise DevClusterError(
+                f"pod {namespace}/{name} is {pod.status.phase} on node "
+                f"{pod.spec.node_name!r} after {timeout_s:.0f}s, not {phase}"
+            )
         time.sleep(0.2)

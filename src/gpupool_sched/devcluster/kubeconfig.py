@@ -9,17 +9,21 @@ import yaml
 from kubernetes import client, config
 
 
-def write_kubeconfig(path: Path, *, server: str, ca_cert: Path, user: str, token: str,
-                     cluster_name: str) -> None:
+def write_kubeconfig(path: Path, *, server: str, ca_cert: Path, user: str, token: str, cluster_name: str) -> None:
     """A self-contained kubeconfig (CA embedded) authenticating with a bearer token; mode 0600."""
     context = f"gpupool-{cluster_name}"
     document = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": context, "cluster": {
-            "server": server,
-            "certificate-authority-data": base64.b64encode(ca_cert.read_bytes()).decode(),
-        }}],
+        "clusters": [
+            {
+                "name": context,
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(ca_cert.read_bytes()).decode(),
+                },
+            }
+        ],
         "users": [{"name": user, "user": {"token": token}}],
         "contexts": [{"name": context, "context": {"cluster": context, "user": user}}],
         "current-context": context,

@@ -1,13 +1,13 @@
 """Where one named dev cluster keeps its files, and the record of a running one (state.json).
 
-    <cache>/dev-cluster/<name>/
-        kubeconfig              admin kubeconfig (token of a system:masters user), printed by `up`
-        kubeconfigs/<user>.yaml one per component (kube-scheduler, kube-controller-manager, kwok)
-        pki/                    CA, apiserver serving cert, service-account keys, token file
-        run/<component>.pid     pid + start time of each process
-        logs/<component>.log    its output
-        state.json              ports, versions, etcd data dir
-    etcd's data lives in a temp dir (in /dev/shm when there is one) named in state.json.
+<cache>/dev-cluster/<name>/
+    kubeconfig              admin kubeconfig (token of a system:masters user), printed by `up`
+    kubeconfigs/<user>.yaml one per component (kube-scheduler, kube-controller-manager, kwok)
+    pki/                    CA, apiserver serving cert, service-account keys, token file
+    run/<component>.pid     pid + start time of each process
+    logs/<component>.log    its output
+    state.json              ports, versions, etcd data dir
+etcd's data lives in a temp dir (in /dev/shm when there is one) named in state.json.
 """
 
 from __future__ import annotations

@@ -16,8 +16,13 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CERT_LIFETIME = dt.timedelta(days=365)
-SERVING_NAMES = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                 "kubernetes.default.svc.cluster.local")
+SERVING_NAMES = (
+    "localhost",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+)
 
 
 @dataclass(frozen=True)
@@ -103,9 +108,17 @@ class ClusterPki:
             .not_valid_after(now + CERT_LIFETIME)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
-                x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                              content_commitment=False, key_encipherment=False, data_encipherment=False,
-                              key_agreement=False, encipher_only=False, decipher_only=False),
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
                 critical=True,
             )
             .sign(ca_key, hashes.SHA256())
@@ -113,8 +126,10 @@ class ClusterPki:
 
         serving_key = _new_key()
         names: list[x509.GeneralName] = [x509.DNSName(name) for name in SERVING_NAMES]
-        names += [x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                  x509.IPAddress(ipaddress.ip_address("10.96.0.1"))]  # first IP of the service range
+        names += [
+            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+            x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
+        ]  # first IP of the service range
         serving_cert = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
@@ -135,8 +150,12 @@ class ClusterPki:
         _write_key(pki.serving_key, serving_key)
         _write(pki.serving_cert, serving_cert.public_bytes(serialization.Encoding.PEM))
         _write_key(pki.service_account_key, sa_key)
-        _write(pki.service_account_pub, sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        _write(
+            pki.service_account_pub,
+            sa_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            ),
+        )
         lines = []
         for user in TOKEN_USERS:
             groups = f',"{",".join(user.groups)}"' if user.groups else ""
@@ -150,8 +169,12 @@ def _new_key() -> rsa.RSAPrivateKey:
 
 
 def _write_key(path: Path, key: rsa.RSAPrivateKey) -> None:
-    _write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                                   serialization.NoEncryption()))
+    _write(
+        path,
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        ),
+    )
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -29,7 +29,7 @@ def _start_ticks(pid: int) -> int | None:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # the command name (field 2) may hold spaces and parentheses: split after its closing parenthesis
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     if fields[0] == "Z":  # a zombie has exited; only its exit status is left
         return None
     return int(fields[19])
@@ -115,23 +115,30 @@ class TrackedProcess:
         return cls(record["name"], record["pid"], record["start_ticks"], pid_file, Path(record["log_file"]))
 
 
-def start(name: str, argv: list[str], pid_file: Path, log_file: Path, env: dict[str, str] | None = None) -> (
-        TrackedProcess):
+def start(
+    name: str, argv: list[str], pid_file: Path, log_file: Path, env: dict[str, str] | None = None
+) -> TrackedProcess:
     """Start `argv` in the background with output to `log_file`, and record it in `pid_file`."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as log:
         log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
         log.flush()
         child = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env=env, close_fds=True,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            close_fds=True,
         )
     ticks = _start_ticks(child.pid)
     if ticks is None:  # it died at once: report its log
         child.wait()
         raise DevClusterError(f"{name} exited at start (code {child.returncode}); see {log_file}")
     process = TrackedProcess(name, child.pid, ticks, pid_file, log_file)
-    pid_file.write_text(json.dumps({"name": name, "pid": child.pid, "start_ticks": ticks,
-                                    "log_file": str(log_file), "argv": argv}))
+    pid_file.write_text(
+        json.dumps({"name": name, "pid": child.pid, "start_ticks": ticks, "log_file": str(log_file), "argv": argv})
+    )
     _CHILDREN[child.pid] = child  # keeps Popen from warning "still running" when collected
     return process

@@ -14,12 +14,12 @@ from enum import IntEnum
 class PcieLevel(IntEnum):
     """NVML's topology levels (nvmlGpuTopologyLevel_t): the closest common ancestor of two GPUs."""
 
-    INTERNAL = 0     # same board (multi-GPU card)
-    SINGLE = 10      # one PCIe switch
-    MULTIPLE = 20    # several PCIe switches, no host bridge
+    INTERNAL = 0  # same board (multi-GPU card)
+    SINGLE = 10  # one PCIe switch
+    MULTIPLE = 20  # several PCIe switches, no host bridge
     HOSTBRIDGE = 30  # the same PCIe host bridge
-    NODE = 40        # host bridges of the same NUMA node (same CPU socket)
-    SYSTEM = 50      # across sockets (SMP interconnect)
+    NODE = 40  # host bridges of the same NUMA node (same CPU socket)
+    SYSTEM = 50  # across sockets (SMP interconnect)
 
     @classmethod
     def parse(cls, value: PcieLevel | str | int) -> PcieLevel:
@@ -51,8 +51,9 @@ class NodeTopology:
         return len(self.numa)
 
     @classmethod
-    def from_links(cls, numa: Sequence[int | None],
-                   links: Iterable[tuple[int, int, int, PcieLevel | str | int]]) -> NodeTopology:
+    def from_links(
+        cls, numa: Sequence[int | None], links: Iterable[tuple[int, int, int, PcieLevel | str | int]]
+    ) -> NodeTopology:
         """From (gpu a, gpu b, NVLink count, PCIe level) per pair. A pair not listed has no NVLink and
         a PCIe level guessed from NUMA: NODE when both GPUs share a NUMA node, else SYSTEM."""
         n = len(numa)
@@ -66,8 +67,9 @@ class NodeTopology:
         return cls(tuple(numa), tuple(map(tuple, nv)), tuple(map(tuple, lv)))
 
     @classmethod
-    def uniform(cls, gpu_count: int, *, nvlinks: int = 0, level: PcieLevel = PcieLevel.SYSTEM,
-                numa: int | None = None) -> NodeTopology:
+    def uniform(
+        cls, gpu_count: int, *, nvlinks: int = 0, level: PcieLevel = PcieLevel.SYSTEM, numa: int | None = None
+    ) -> NodeTopology:
         """Every pair alike (what the simulator uses when a trace has no topology)."""
         pairs = [(a, b, nvlinks, level) for a in range(gpu_count) for b in range(a + 1, gpu_count)]
         return cls.from_links([numa] * gpu_count, pairs)

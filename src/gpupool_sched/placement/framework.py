@@ -48,6 +48,14 @@ class CycleState:
             self._take = (milli, mem)
         return self._take
 
+    def milli_taken(self, candidates: np.ndarray) -> np.ndarray:
+        """Milli-GPU the pod takes on each candidate node. A memory share takes a different share of
+        each GPU model; this is the most it would take on a GPU of the node that can host it."""
+        if not self.request.gpu_memory_mib:
+            return np.full(candidates.size, self.request.gpu_milli_total, dtype=np.int64)
+        milli = np.where(self.eligible[candidates], self.gpu_take[0][candidates], 0)
+        return milli.max(axis=1)
+
     @property
     def eligible(self) -> np.ndarray:
         """Boolean [nodes, slots]: GPUs that could host this request's share (or one of its whole GPUs)."""

@@ -58,9 +58,5 @@ class ScarcityScore(ScorePlugin):
         self.profile = profile
 
     def score(self, state: CycleState, candidates: np.ndarray) -> np.ndarray:
-        req = state.request
-        if req.gpu_memory_mib:  # a memory share takes a different fraction of each GPU model
-            gpus = state.gpu_take[0][candidates].max(axis=1) / MILLI
-        else:
-            gpus = np.full(candidates.size, req.gpu_milli_total / MILLI)
+        gpus = state.milli_taken(candidates) / MILLI
         return -node_pressure(state.snapshot, self.profile)[candidates] * gpus

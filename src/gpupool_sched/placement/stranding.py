@@ -44,6 +44,6 @@ class StrandingScore(ScorePlugin):
         idle = gpu_milli_free(snap, candidates)
         cpu, mem = snap.cpu_free[candidates], snap.mem_free[candidates]
         before = stranded_milli(idle, cpu, mem, self.profile)
-        taken = req.gpu_milli_total if not req.gpu_memory_mib else state.gpu_take[0][candidates].max(axis=1)
+        taken = state.milli_taken(candidates)
         after = stranded_milli(idle - taken, cpu - req.cpu_milli, mem - req.memory_mib, self.profile)
         return -(after - before) / MILLI

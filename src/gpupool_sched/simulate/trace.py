@@ -96,18 +96,22 @@ def _int(path: Path, lineno: int, row: dict[str, str], column: str, *, minimum: 
     return number
 
 
+def _unique_name(path: Path, lineno: int, name: str, kind: str, seen: dict[str, int]) -> str:
+    if not name:
+        raise TraceError(f"{path}:{lineno}: empty {kind} name")
+    if name in seen:
+        raise TraceError(f"{path}:{lineno}: {kind} {name} already defined on line {seen[name]}")
+    seen[name] = lineno
+    return name
+
+
 def read_nodes(path: Path | str, *, gpu_only: bool = True) -> tuple[NodeSpec, ...]:
     """GPU nodes of a node list (CPU-only nodes are skipped unless ``gpu_only`` is false)."""
     path = Path(path)
     nodes: list[NodeSpec] = []
     seen: dict[str, int] = {}
     for lineno, row in _rows(path, NODE_COLUMNS):
-        name = row["sn"]
-        if not name:
-            raise TraceError(f"{path}:{lineno}: empty node name (sn)")
-        if name in seen:
-            raise TraceError(f"{path}:{lineno}: node {name} already defined on line {seen[name]}")
-        seen[name] = lineno
+        name = _unique_name(path, lineno, row["sn"], "node", seen)
         cpu = _int(path, lineno, row, "cpu_milli", minimum=1)
         mem = _int(path, lineno, row, "memory_mib", minimum=1)
         gpus = _int(path, lineno, row, "gpu")
@@ -147,12 +151,7 @@ def read_pods(
     seen: dict[str, int] = {}
     fits_somewhere: dict[tuple[int, int, int, frozenset[str]], bool] = {}
     for lineno, row in _rows(path, POD_COLUMNS):
-        name = row["name"]
-        if not name:
-            raise TraceError(f"{path}:{lineno}: empty pod name")
-        if name in seen:
-            raise TraceError(f"{path}:{lineno}: pod {name} already defined on line {seen[name]}")
-        seen[name] = lineno
+        name = _unique_name(path, lineno, row["name"], "pod", seen)
         cpu = _int(path, lineno, row, "cpu_milli")
         mem = _int(path, lineno, row, "memory_mib")
         k = _int(path, lineno, row, "num_gpu")
