@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from gpupool_sched.model.cluster import ClusterSnapshot
@@ -10,6 +12,9 @@ from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.framework import CycleState, Policy
 
 MAX_NODE_SCORE = 100
+
+# Feasible node indices (ascending) -> the non-empty subset to score.
+NodeSample = Callable[[np.ndarray], np.ndarray]
 
 
 def feasible_nodes(state: CycleState, policy: Policy) -> tuple[np.ndarray, np.ndarray | None]:
@@ -43,13 +48,20 @@ def decide(
     request: PodRequest,
     policy: Policy,
     rng: np.random.Generator | None = None,
+    *,
+    sample: NodeSample | None = None,
 ) -> Decision:
-    """Place ``request`` on ``snapshot`` according to ``policy``; the snapshot is not modified."""
+    """Place ``request`` on ``snapshot`` according to ``policy``; the snapshot is not modified.
+
+    ``sample`` (kube-scheduler's percentageOfNodesToScore) picks which feasible nodes are scored;
+    by default all of them are."""
     state = CycleState(snapshot, request, rng)
     candidates, first_fail = feasible_nodes(state, policy)
     if candidates.size == 0:
         reasons = tuple(f.reason(request) for f in policy.filters)
         return Unschedulable(snapshot.node_names, reasons, first_fail if first_fail is not None else np.zeros(0, int))
+    if sample is not None:
+        candidates = sample(candidates)
 
     total = np.zeros(candidates.size, dtype=np.float64)
     parts: dict[str, np.ndarray] = {}
