@@ -8,8 +8,10 @@ export GPUPOOL_CACHE ?= $(HOME)/.cache/gpupool
 .PHONY: help venv simulate test test-unit test-e2e lint fmt bench bench-sim bench-deviceplugin \
         bench-cluster-infra proto cluster-bins cluster-up cluster-down clean
 
-help:
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
+help: ## list every target with its description (the `## ` comment on its line)
+	@awk '/^[a-zA-Z][a-zA-Z0-9_-]*:([^=]|$$)/ { name = $$0; sub(/:.*/, "", name); \
+	    desc = index($$0, "## ") ? substr($$0, index($$0, "## ") + 3) : "(no description)"; \
+	    printf "  %-22s %s\n", name, desc }' $(MAKEFILE_LIST)
 
 $(VPY): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,7 +38,7 @@ test-e2e: $(VPY) cluster-bins ## only the tests against the real kube-apiserver 
 lint: $(VPY) ## ruff
 	$(VENV)/bin/ruff check src tests benchmarks
 
-fmt: $(VPY)
+fmt: $(VPY) ## ruff --fix: apply ruff's automatic fixes to src, tests and benchmarks
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 bench: $(VPY) ## all benchmarks: JSON + table in out/bench/
@@ -63,5 +65,5 @@ cluster-up: $(VPY) cluster-bins ## start etcd + kube-apiserver + kwok on 127.0.0
 cluster-down: $(VPY) ## stop the local control plane (by pid)
 	bash hack/cluster/down.sh
 
-clean:
+clean: ## remove out/, build artefacts and tool caches
 	rm -rf out build dist *.egg-info .pytest_cache .ruff_cache

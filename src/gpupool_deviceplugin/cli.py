@@ -11,10 +11,11 @@ import socket
 import sys
 from pathlib import Path
 
-from gpupool_deviceplugin.config import ConfigError, load_config
+from gpupool_deviceplugin.config import ConfigError, load_config, read_yaml
 from gpupool_deviceplugin.nvml.profile import ProfileError
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,12 +33,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fake-nvml-events", metavar="FILE", default=os.environ.get("GPUPOOL_FAKE_NVML_EVENTS"),
                    help="JSON-lines file the fake NVML backend reads injected health events from")
     p.add_argument("--metrics-port", type=int, help="override metrics.port from the config (0: any free port)")
-    p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
+    p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"),
+                   help=f"one of {', '.join(LOG_LEVELS)} (default: $LOG_LEVEL, else INFO)")
     return p
+
+
+def fail(message: str) -> int:
+    """One line on stderr and exit code 2: what every bad input of the plugin gets."""
+    print(f"gpupool-deviceplugin: {message}", file=sys.stderr)
+    return 2
+
+
+def check_inputs(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line's own values (not the files they name), or None."""
+    if args.log_level.upper() not in LOG_LEVELS:
+        return f"unknown log level {args.log_level!r} (--log-level or $LOG_LEVEL): use one of {', '.join(LOG_LEVELS)}"
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        return f"--metrics-port must be 0..65535 (0: any free port), got {args.metrics_port}"
+    if not args.kubelet_dir.is_dir():
+        what = "is not a directory" if args.kubelet_dir.exists() else "does not exist"
+        return (f"kubelet directory {args.kubelet_dir} {what}: give the kubelet's device-plugin directory "
+                f"(--kubelet-dir, default {DEFAULT_KUBELET_DIR}); to try the plugin without a kubelet, "
+                f"create an empty one first (mkdir -p {args.kubelet_dir})")
+    events = Path(args.fake_nvml_events) if args.fake_nvml_events else None
+    if events is not None and events.exists() and not events.is_file():
+        return f"fake NVML events file {events} is not a regular file"
+    return None
+
+
+def check_profile(name_or_path: str) -> None:
+    """A profile given as a file must be readable YAML text: a directory or a binary file is one clear
+    line (ProfileError), not a traceback from deep inside the loader."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        try:
+            read_yaml(path, "fake NVML profile")
+        except ConfigError as exc:
+            raise ProfileError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = check_inputs(args)
+    if problem:
+        return fail(problem)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("gpupool_deviceplugin")
@@ -47,25 +86,23 @@ def main(argv: list[str] | None = None) -> int:
             metrics = config.metrics.model_copy(update={"port": args.metrics_port})
             config = config.model_copy(update={"metrics": metrics})
     except ConfigError as exc:
-        print(f"gpupool-deviceplugin: invalid configuration:\n{exc}", file=sys.stderr)
-        return 2
-    if not args.kubelet_dir.is_dir():
-        print(f"gpupool-deviceplugin: kubelet directory {args.kubelet_dir} does not exist", file=sys.stderr)
-        return 2
+        lines = str(exc).splitlines()
+        return fail(f"invalid configuration: {lines[0]}" if len(lines) == 1
+                    else "invalid configuration:\n" + "\n".join(lines))
 
-    from gpupool_deviceplugin.daemon import Daemon, DaemonOptions
+    from gpupool_deviceplugin.daemon import Daemon, DaemonOptions, StartupError
     from gpupool_deviceplugin.kube.client import KubeUnavailable
     from gpupool_deviceplugin.nvml.session import open_fake, open_real
 
     try:
         if args.fake_nvml:
+            check_profile(args.fake_nvml)
             session = open_fake(args.fake_nvml, seed=args.node_name, events_file=args.fake_nvml_events)
             log.info("using the FAKE NVML backend (profile %s)", args.fake_nvml)
         else:
             session = open_real()
     except ProfileError as exc:
-        print(f"gpupool-deviceplugin: {exc}", file=sys.stderr)
-        return 2
+        return fail(" ".join(str(exc).split()))
 
     daemon = Daemon(DaemonOptions(node_name=args.node_name, kubelet_dir=args.kubelet_dir, config=config,
                                   kubeconfig=args.kubeconfig), session)
@@ -74,9 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack to stderr
     try:
         return daemon.run()
-    except KubeUnavailable as exc:
-        print(f"gpupool-deviceplugin: {exc}", file=sys.stderr)
-        return 2
+    except (KubeUnavailable, StartupError) as exc:
+        return fail(str(exc))
 
 
 if __name__ == "__main__":

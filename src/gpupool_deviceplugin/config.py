@@ -81,17 +81,42 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the field."""
 
 
+def read_yaml(path: Path, what: str) -> object:
+    """A YAML file's data; every way it can fail is one line naming ``what`` and the file (and the
+    line for syntax errors) in a ConfigError."""
+    if path.is_dir():
+        raise ConfigError(f"{what} {path} is a directory, not a YAML file")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {exc.start}): a binary file?") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {path} is not valid YAML: {yaml_problem(exc)}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {path} is not valid YAML: nested too deeply") from None
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's multi-line message as one line: the problem and where."""
+    problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    if mark is not None:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    position = getattr(exc, "position", None)  # ReaderError: a character YAML does not allow
+    return f"{problem} (at character {position})" if position is not None else str(problem)
+
+
 def load_config(path: str | Path | None) -> PluginConfig:
     if path is None:
         return PluginConfig()
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    return parse_config(data, origin=str(path))
+    return parse_config(read_yaml(path, "config file"), origin=str(path))
 
 
 def parse_config(data: object, origin: str = "config") -> PluginConfig:

@@ -6,7 +6,9 @@ health monitor -> serve every resource -> register with the kubelet -> keep regi
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,49 @@ from gpupool_deviceplugin.server.kubelet_watch import Supervisor
 from gpupool_deviceplugin.server.plugin_servers import PluginServers, remove_stale_sockets
 
 log = logging.getLogger(__name__)
+LOCK_FILE = "gpupool-deviceplugin.lock"
+
+
+class StartupError(RuntimeError):
+    """The plugin cannot start; the message is one line for the operator (the command exits with 2)."""
+
+
+class KubeletDirLock:
+    """An exclusive lock on a file in the kubelet directory, held while the plugin runs.
+
+    Without it a second plugin on the same directory would take the first one's live sockets for stale ones
+    and delete them. flock() is released by the kernel when the process dies, however it dies, so a crashed
+    plugin never blocks its successor; the kubelet deletes only sockets there, so the file outlives kubelet
+    restarts. The file is never deleted (that would let two processes lock two different files)."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self._fd: int | None = fd
+        self.path = path
+
+    @classmethod
+    def acquire(cls, directory: Path, owner: str) -> KubeletDirLock:
+        path = directory / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StartupError(f"cannot open the lock file {path}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "pid unknown"
+            os.close(fd)
+            raise StartupError(
+                f"another gpupool device plugin ({holder}) is serving the kubelet directory {directory} "
+                f"(it holds {path}); stop it first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, node {owner}\n".encode(), 0)
+        return cls(fd, path)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 @dataclass
@@ -60,6 +105,7 @@ class Daemon:
         self._api_client = None
         self._api_checked = False
         self.status_server: StatusServer | None = None
+        self._dir_lock: KubeletDirLock | None = None
 
     # -- health endpoint -------------------------------------------------------------------------
     def healthz(self) -> tuple[bool, str]:
@@ -71,11 +117,21 @@ class Daemon:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
+        """Serve until stop(). Raises StartupError, before anything is served, when another plugin holds
+        the kubelet directory or the metrics port cannot be bound."""
+        self._dir_lock = KubeletDirLock.acquire(self.opts.kubelet_dir, self.opts.node_name)
         m = self.config.metrics
-        self.status_server = StatusServer(self.metrics, self.healthz, m.bind_address, m.port)
-        self.status_server.start()
-        log.info("metrics and healthz on http://%s:%d", m.bind_address, self.status_server.port)
         try:
+            self.status_server = StatusServer(self.metrics, self.healthz, m.bind_address, m.port)
+        except (OSError, OverflowError) as exc:
+            self._dir_lock.release()
+            self._dir_lock = None
+            why = getattr(exc, "strerror", None) or exc
+            raise StartupError(f"cannot serve metrics on {m.bind_address}:{m.port}: {why} (set metrics.port "
+                               "in the config or --metrics-port; 0 picks a free port)") from None
+        try:
+            self.status_server.start()
+            log.info("metrics and healthz on http://%s:%d", m.bind_address, self.status_server.port)
             inventory, resources = self._start_nvml()
             if inventory is None:
                 return 0  # stopped while waiting for NVML
@@ -103,6 +159,9 @@ class Daemon:
             self.status_server.stop()
             self.status_server = None
         self.session.shutdown()
+        if self._dir_lock is not None:  # last: our sockets are gone, a successor may start
+            self._dir_lock.release()
+            self._dir_lock = None
 
     def _start_nvml(self) -> tuple[NodeInventory | None, list[ResourceSpec]]:
         """Initialise NVML and discover, retrying with backoff; never a silent crash loop."""
@@ -155,8 +214,16 @@ class Daemon:
         self.status.phase, self.status.detail = "starting", "serving"
         api = self._api()
         memory = any(r.kind == "memory" for r in resources)
-        board = DeviceBoard(resources, pool_known=not memory,
-                            on_hardware=lambda uuid, ok: self._gpu_metric(inventory, uuid, int(ok)))
+        publisher = None
+
+        def hardware_changed(uuid: str, ok: bool) -> None:
+            self._gpu_metric(inventory, uuid, int(ok))
+            if publisher is not None:  # the scheduler stops placing pods on a failed GPU
+                failed = tuple(sorted(board.hardware_problems()))
+                publisher.update(build_publication(inventory.model_copy(update={"unhealthy": failed}),
+                                                   resources, self.config))
+
+        board = DeviceBoard(resources, pool_known=not memory, on_hardware=hardware_changed)
         self.board = board
         for gpu in inventory.gpus:
             self.metrics.gpu_healthy.labels(uuid=gpu.uuid, index=str(gpu.index)).set(1)
@@ -178,7 +245,9 @@ class Daemon:
             acks.start()
             self._parts.append(acks)
             if self.config.kubernetes.publish_node:
-                publication = build_publication(inventory, resources, self.config)
+                failed = tuple(sorted(board.hardware_problems()))
+                publication = build_publication(inventory.model_copy(update={"unhealthy": failed}), resources,
+                                                self.config)
                 publisher = NodePublisher(api, self.opts.node_name, publication, self.metrics,
                                           self.config.kubernetes.node_refresh_s)
                 publisher.start()

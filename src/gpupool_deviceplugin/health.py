@@ -64,15 +64,23 @@ class HealthMonitor:
         try:
             while not self._stop.is_set():
                 try:
-                    event = self.session.wait_event(event_set, self.config.event_wait_ms)
-                except pynvml.NVMLError as exc:
-                    self._on_wait_error(exc)
-                    event = None
-                if event is not None:
-                    self.handle(event)
-                self.recover_due()
+                    self._step(event_set)
+                except Exception:  # a bug or a driver surprise must not end health monitoring for good
+                    self.metrics.health_events.labels(kind="monitor_error", action="ignored").inc()
+                    log.exception("health monitoring step failed; continuing")
+                    self._stop.wait(1.0)
         finally:
             self.session.free_event_set(event_set)
+
+    def _step(self, event_set: object) -> None:
+        try:
+            event = self.session.wait_event(event_set, self.config.event_wait_ms)
+        except pynvml.NVMLError as exc:
+            self._on_wait_error(exc)
+            event = None
+        if event is not None:
+            self.handle(event)
+        self.recover_due()
 
     def _on_wait_error(self, exc: pynvml.NVMLError) -> None:
         # e.g. GPU_IS_LOST: NVML no longer tells which GPU, so every GPU is suspect
@@ -82,6 +90,10 @@ class HealthMonitor:
         self._stop.wait(1.0)
 
     def handle(self, event: HealthEvent) -> None:
+        if self.inventory.gpu_by_uuid(event.gpu_uuid) is None:  # e.g. a GPU that appeared after discovery
+            self.metrics.health_events.labels(kind="unknown_device", action="ignored").inc()
+            log.warning("NVML event for %s, which is not a GPU of this plugin; ignored", event.gpu_uuid)
+            return
         if event.is_xid and event.xid in self.config.ignored_xids:
             self.metrics.health_events.labels(kind="xid", action="ignored").inc()
             log.info("ignoring application Xid %d on %s", event.xid, event.gpu_uuid)

@@ -71,6 +71,9 @@ class NodeInventory(_Model):
     gpus: tuple[Gpu, ...]
     pairs: tuple[GpuPair, ...] = ()
     sharing: Sharing | None = None
+    # UUIDs of GPUs and MIG devices with a hardware fault right now (Xid, ECC); the scheduler places
+    # nothing on them. Optional: older plugins leave it out.
+    unhealthy: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _consistent(self) -> NodeInventory:

@@ -5,42 +5,63 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib import metadata
 
+import gpupool_sched
 from gpupool_sched.errors import UserError
 
-# module path -> it exposes `register(subparsers)`; each parser sets `func(args) -> int`
-__all__ = ["UserError", "build_parser", "main"]
+__all__ = ["UserError", "build_parser", "main", "version"]
 
-SUBCOMMANDS = (
-    "gpupool_sched.simulate.cli",
-    "gpupool_sched.devcluster.cli",
-)
+# module path -> the pip extra its optional dependencies come from (None: core dependencies only).
+# Each module exposes `register(subparsers)`; each parser sets `func(args) -> int`.
+SUBCOMMANDS: dict[str, str | None] = {
+    "gpupool_sched.simulate.cli": None,
+    "gpupool_sched.scheduler.cli": None,
+    "gpupool_sched.devcluster.cli": "dev",
+}
+
+
+def version() -> str:
+    """The installed distribution's version (the source tree's when run uninstalled)."""
+    try:
+        return metadata.version("gpupool")
+    except metadata.PackageNotFoundError:
+        return gpupool_sched.__version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpupool", description="gpupool: one GPU pool for training and inference")
+    parser.add_argument("--version", action="version", version=f"gpupool {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in SUBCOMMANDS:
+    for name, extra in SUBCOMMANDS.items():
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name and exc.name.startswith("gpupool"):
                 raise
-            _register_unavailable(sub, name, exc.name or "?")
+            _register_unavailable(sub, name, exc.name or "?", extra)
             continue
         module.register(sub)
     return parser
 
 
-def _register_unavailable(sub: argparse._SubParsersAction, module: str, missing: str) -> None:
-    """A sub-command whose optional dependency is not installed still shows up and says why."""
+def _register_unavailable(sub: argparse._SubParsersAction, module: str, missing: str, extra: str | None) -> None:
+    """A sub-command whose optional dependency is not installed still shows up and, whatever it is given
+    (`--help` included), says which extra to install instead of failing on its arguments."""
     command = module.split(".")[-2].replace("devcluster", "dev-cluster")
+    if extra:
+        need = f"the '{extra}' extra (Python package {missing!r} is not installed): pip install 'gpupool[{extra}]'"
+    else:
+        need = f"the Python package {missing!r}, a dependency of gpupool: reinstall it (pip install gpupool)"
 
     def fail(_: argparse.Namespace) -> int:
-        raise UserError(f"needs the Python package {missing!r}: pip install 'gpupool[dev]'")
+        raise UserError(f"needs {need}")
 
-    p = sub.add_parser(command, help=f"(unavailable: needs {missing})", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    # no option prefix: every argument, `--help` too, lands in `rest` instead of being "unrecognized"
+    hint = f"; pip install 'gpupool[{extra}]'" if extra else ""
+    p = sub.add_parser(command, help=f"(unavailable: {missing} is not installed{hint})", add_help=False,
+                       prefix_chars="\0")
+    p.add_argument("rest", nargs="*")
     p.set_defaults(func=fail)
 
 

@@ -41,6 +41,7 @@ class NodePublisher:
         self.metrics = metrics
         self.refresh_s = refresh_s
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-publisher", daemon=True)
         self.published = threading.Event()
 
@@ -49,7 +50,13 @@ class NodePublisher:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=5)
+
+    def update(self, publication: NodePublication) -> None:
+        """Publish a new state (e.g. a GPU failed or recovered) now rather than at the next refresh."""
+        self.publication = publication
+        self._wake.set()
 
     def sync_once(self) -> bool:
         """True when the Node matches (patched or already equal)."""
@@ -71,9 +78,11 @@ class NodePublisher:
                 self.sync_once()
                 self.published.set()
                 backoff = 1.0
-                self._stop.wait(self.refresh_s)
+                self._wake.wait(self.refresh_s)
+                self._wake.clear()
             except Exception as exc:
                 self.metrics.node_patches.labels(result="error").inc()
                 log.warning("publishing to node %s failed: %s; retrying in %.0fs", self.node, exc, backoff)
-                self._stop.wait(backoff)
+                self._wake.wait(backoff)
+                self._wake.clear()
                 backoff = min(backoff * 2, 60.0)

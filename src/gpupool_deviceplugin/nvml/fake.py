@@ -14,11 +14,15 @@ operator) can write while the plugin runs:
     {"uuid": "GPU-...", "event": "double_bit_ecc"} # uncorrectable ECC error
     {"uuid": "GPU-...", "lost": true}              # every call on this GPU now fails with GPU_IS_LOST
     {"uuid": "GPU-...", "lost": false}             # ...and recovers
+
+A line that is not one of these (not JSON, an unknown UUID or kind, a bad Xid) is logged with its line
+number and skipped: it never stops the event stream and never touches another GPU.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid as uuidlib
@@ -31,6 +35,7 @@ import pynvml
 
 from gpupool_deviceplugin.nvml.profile import FakeProfile, load_profile
 
+log = logging.getLogger(__name__)
 _UUID_NAMESPACE = uuidlib.UUID("6f1c3c2e-4f0b-4d7e-9a51-8a1b0c6e2d90")
 _NOT_A_MIG_ID = 0xFFFFFFFF
 _SUPPORTED_EVENTS = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
@@ -84,6 +89,7 @@ class FakeEventData:
 class FakeEventSet:
     registered: dict[int, int] = field(default_factory=dict)  # gpu index -> event mask
     offset: int = 0
+    line: int = 0  # lines of the events file before `offset`, for messages
     pending: deque[FakeEventData] = field(default_factory=deque)
 
 
@@ -112,7 +118,7 @@ class FakeNvml:
         self._init_attempts = 0
         self._initialized = 0
         self._lost: set[int] = set()
-        self._start_offset = self._file_size()
+        self._start_offset, self._start_line = self._file_end()
         p = self.profile
         self._gpu_uuids = [g.uuid or fake_gpu_uuid(self.seed, g.index) for g in p.gpus]
         self._gpus = [FakeDeviceHandle(g.index) for g in p.gpus]
@@ -310,7 +316,7 @@ class FakeNvml:
     # -- events --------------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> FakeEventSet:
         self._require_init()
-        return FakeEventSet(offset=self._start_offset)
+        return FakeEventSet(offset=self._start_offset, line=self._start_line)
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: FakeDeviceHandle) -> int:
         self._check(handle)
@@ -395,11 +401,16 @@ class FakeNvml:
                 seen += bridge.links
         raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
-    def _file_size(self) -> int:
+    def _file_end(self) -> tuple[int, int]:
+        """(size, complete lines) of the events file now: events written before start-up are history."""
+        if self.events_file is None:
+            return 0, 0
         try:
-            return self.events_file.stat().st_size if self.events_file else 0
-        except FileNotFoundError:
-            return 0
+            data = self.events_file.read_bytes()
+        except OSError:
+            return 0, 0
+        end = data.rfind(b"\n") + 1
+        return end, data.count(b"\n", 0, end)
 
     def _drain(self, event_set: FakeEventSet) -> None:
         """Read complete new lines of the events file into the set's queue."""
@@ -409,32 +420,54 @@ class FakeNvml:
             with self.events_file.open("rb") as fh:
                 fh.seek(event_set.offset)
                 chunk = fh.read()
-        except FileNotFoundError:
-            return
+        except OSError:
+            return  # not there (yet), or not a file: nothing injected
         end = chunk.rfind(b"\n")
         if end < 0:
             return
         event_set.offset += end + 1
-        for raw in chunk[: end + 1].splitlines():
-            if raw.strip():
-                self._apply(event_set, json.loads(raw))
+        for raw in chunk[: end + 1].split(b"\n")[:-1]:
+            event_set.line += 1
+            if not raw.strip():
+                continue
+            problem = self._apply(event_set, raw)
+            if problem is not None:
+                log.warning("fake NVML events file %s:%d: %s; line ignored", self.events_file, event_set.line, problem)
 
-    def _apply(self, event_set: FakeEventSet, line: dict[str, Any]) -> None:
-        handle = self.nvmlDeviceGetHandleByUUID(line["uuid"]) if "uuid" in line else None
-        if handle is None:
-            raise ValueError(f"fake NVML event without a known uuid: {line}")
+    def _apply(self, event_set: FakeEventSet, raw: bytes) -> str | None:
+        """Queue the event one line describes; what is wrong with the line, or None."""
+        try:
+            line = json.loads(raw)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, deep nesting
+            return f"not a JSON object ({exc})"
+        if not isinstance(line, dict):
+            return f"not a JSON object (a {type(line).__name__})"
+        uuid = line.get("uuid")
+        if not isinstance(uuid, str):
+            return "no \"uuid\" string"
+        try:
+            handle = self.nvmlDeviceGetHandleByUUID(uuid)
+        except pynvml.NVMLError:
+            return f"no GPU or MIG device {uuid[:80]!r} on this node"
         if "lost" in line:
+            if not isinstance(line["lost"], bool):
+                return "\"lost\" must be true or false"
             with self._lock:
                 (self._lost.add if line["lost"] else self._lost.discard)(handle.gpu)
-            return
+            return None
         kind = "xid" if "xid" in line else line.get("event", "")
-        event_type = _EVENT_NAMES.get(kind)
+        event_type = _EVENT_NAMES.get(kind) if isinstance(kind, str) else None
         if event_type is None:
-            raise ValueError(f"fake NVML event of unknown kind: {line}")
+            known = ", ".join(["xid", *(f"event={k}" for k in _EVENT_NAMES if k != "xid"), "lost"])
+            return f"unknown event kind {str(kind)[:40]!r} (known: {known})"
+        xid = line.get("xid", 0)
+        if kind == "xid" and not (type(xid) is int and 0 < xid < 2**32):
+            return f"\"xid\" must be a positive integer, got {str(xid)[:40]!r}"
         if not event_set.registered.get(handle.gpu, 0) & event_type:
-            return
+            return None
         gi = ci = _NOT_A_MIG_ID
         if handle.mig is not None:
             mig = self._migs[handle.gpu][handle.mig]
             gi, ci = mig.gpu_instance_id, mig.compute_instance_id
-        event_set.pending.append(FakeEventData(self._gpus[handle.gpu], event_type, int(line.get("xid", 0)), gi, ci))
+        event_set.pending.append(FakeEventData(self._gpus[handle.gpu], event_type, xid, gi, ci))
+        return None

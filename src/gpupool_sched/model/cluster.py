@@ -1,12 +1,14 @@
-"""The cluster as placement sees it: static node specs plus what is allocated, held column-wise.
+"""The cluster as placement sees it: node specs plus what is allocated, held column-wise.
 
 Placement policies score every node for every pod, so the allocation state lives in numpy arrays
 (one row per node, one column per GPU slot) rather than in per-node objects; ``assume``/``release``
-keep the arrays and a per-node version counter (for score caches) up to date.
+keep the arrays and a per-node version counter (for score caches) up to date, and
+``upsert_node``/``remove_node`` let a long-running scheduler follow nodes as they come and go.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpupool_sched.model.constraints import HARD_EFFECTS, Taint
 from gpupool_sched.model.request import MILLI, PodRequest
 
 if TYPE_CHECKING:
@@ -21,6 +24,33 @@ if TYPE_CHECKING:
     from gpupool_sched.model.topology import NodeTopology
 
 ABSENT = -1  # free_milli of a GPU slot that does not exist or is split into MIG slices
+
+# Per-node columns: name -> (dtype, value of an empty row). Views of growable buffers (see _expose).
+_NODE_COLUMNS: dict[str, tuple[type, int]] = {
+    "cpu_total": (np.int64, 0),
+    "mem_total": (np.int64, 0),
+    "pods_total": (np.int64, 0),
+    "gpu_count": (np.int64, 0),
+    "cpu_free": (np.int64, 0),
+    "mem_free": (np.int64, 0),
+    "pods_free": (np.int64, 0),
+    "version": (np.int64, 0),
+    "tie_rank": (np.int64, 0),
+    "node_signature": (np.int64, 0),
+}
+# Per-GPU-slot columns, [nodes, slots].
+_GPU_COLUMNS: dict[str, tuple[type, int]] = {
+    "gpu_model": (np.int16, ABSENT),
+    "gpu_mem_total": (np.int64, 0),
+    "gpu_usable": (np.bool_, False),
+    "free_milli": (np.int64, ABSENT),
+    "gpu_mem_free": (np.int64, 0),
+}
+_MIN_CAPACITY = 16
+
+
+class UnknownNode(LookupError):
+    """A node name the snapshot does not hold (never added, or removed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +65,8 @@ class MigSlice:
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
     """One physical GPU of a node. ``memory_mib == 0`` means unknown (trace replays): memory shares
-    cannot land there, compute shares and whole-GPU requests can."""
+    cannot land there, compute shares and whole-GPU requests can. An unhealthy GPU (the device plugin
+    reports it failed) keeps its index but takes no new pods: neither whole, shared nor its MIG slices."""
 
     index: int
     model: str
@@ -44,11 +75,14 @@ class GpuSpec:
     numa_node: int | None = None
     mig_enabled: bool = False
     mig_slices: tuple[MigSlice, ...] = ()
+    healthy: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
-    """What a node offers; the allocation on it lives in :class:`ClusterSnapshot`."""
+    """What a node offers; the allocation on it lives in :class:`ClusterSnapshot`.
+
+    ``taints`` and ``unschedulable`` (a cordon) are the node's, as Kubernetes has them."""
 
     name: str
     cpu_milli: int
@@ -57,6 +91,8 @@ class NodeSpec:
     max_pods: int = 110
     labels: Mapping[str, str] = field(default_factory=dict)
     topology: NodeTopology | None = None
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
 
     @property
     def gpu_model(self) -> str:
@@ -64,73 +100,146 @@ class NodeSpec:
         return "+".join(sorted({g.model for g in self.gpus}))
 
 
-class ClusterSnapshot:
-    """Nodes and their allocation state. Pure data: no I/O, no clock, no Kubernetes client."""
+@dataclass(frozen=True, slots=True)
+class NodeSignature:
+    """What node constraints are evaluated against, minus the name. Many nodes share one, so filters
+    evaluate a pod's constraints once per signature instead of once per node."""
 
+    labels: tuple[tuple[str, str], ...]
+    taints: tuple[Taint, ...]
+    unschedulable: bool
+
+    @classmethod
+    def of(cls, spec: NodeSpec) -> NodeSignature:
+        return cls(tuple(sorted(spec.labels.items())), tuple(spec.taints), bool(spec.unschedulable))
+
+    @property
+    def hard_tainted(self) -> bool:
+        return any(t.effect in HARD_EFFECTS for t in self.taints)
+
+    def label_map(self) -> dict[str, str]:
+        return dict(self.labels)
+
+
+class ClusterSnapshot:
+    """Nodes and their allocation state. Pure data: no I/O, no clock, no Kubernetes client.
+
+    **One writer.** ``assume``, ``release``, ``upsert_node``, ``remove_node`` and ``set_tie_order``
+    mutate the snapshot; only one thread may call them, and not while another thread reads it.
+    ``decide()`` never changes nodes or allocations, but it does fill ``caches`` and
+    ``signature_caches`` (derived data: compiled fragmentation models, score memos, node-constraint
+    masks), so ``decide()`` must not run concurrently on one snapshot from several threads either:
+    give each thread its own ``copy()``.
+
+    Rows are dense: node ``i`` is ``nodes[i]`` and row ``i`` of every array; removing a node moves
+    the last row into its place. Arrays are views of buffers that grow by doubling, so re-read them
+    from the snapshot after a node change instead of keeping references. ``version[i]`` changes
+    whenever row ``i`` changes (allocation or node), and a new or moved row never gets back a version
+    its row had before, so memos keyed by (row, version) stay sound; a node change also clears
+    ``caches`` (everything compiled against the node set) and bumps ``generation``.
+    """
+
+    # ---- construction ------------------------------------------------------------------------
     def __init__(self, nodes: Sequence[NodeSpec], tie_order: Sequence[str] | None = None) -> None:
-        self.nodes: tuple[NodeSpec, ...] = tuple(nodes)
-        names = [n.name for n in self.nodes]
-        self.node_names: tuple[str, ...] = tuple(names)
-        self.index: dict[str, int] = {name: i for i, name in enumerate(names)}
-        if len(self.index) != len(names):
+        nodes = tuple(nodes)
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
             dupes = sorted(name for name, c in Counter(names).items() if c > 1)
             raise ValueError(f"duplicate node names: {', '.join(dupes[:5])}")
-        n = len(self.nodes)
-        g = max((len(node.gpus) for node in self.nodes), default=0)
-        self.gpu_slots = max(g, 1)
-        self.models: list[str] = sorted({gpu.model for node in self.nodes for gpu in node.gpus})
-        model_id = {m: i for i, m in enumerate(self.models)}
-
-        self.cpu_total = np.array([node.cpu_milli for node in self.nodes], dtype=np.int64)
-        self.mem_total = np.array([node.memory_mib for node in self.nodes], dtype=np.int64)
-        self.pods_total = np.array([node.max_pods for node in self.nodes], dtype=np.int64)
-        self.gpu_count = np.array([len(node.gpus) for node in self.nodes], dtype=np.int64)
-        self.gpu_model = np.full((n, self.gpu_slots), ABSENT, dtype=np.int16)
-        self.gpu_mem_total = np.zeros((n, self.gpu_slots), dtype=np.int64)
-        self.mig_profiles: list[str] = sorted(
-            {s.profile for node in self.nodes for gpu in node.gpus for s in gpu.mig_slices}
+        for node in nodes:
+            self._check_spec(node)
+        self.gpu_slots = max(max((len(node.gpus) for node in nodes), default=0), 1)
+        self.models: list[str] = sorted({gpu.model for node in nodes for gpu in node.gpus})
+        self._model_id = {m: i for i, m in enumerate(self.models)}
+        self.mig_profiles: list[str] = sorted({s.profile for node in nodes for g in node.gpus for s in g.mig_slices})
+        self._mig_model_keys: list[tuple[str, str]] = sorted(
+            {(s.profile, g.model) for node in nodes for g in node.gpus for s in g.mig_slices}
         )
-        self.mig_total: dict[str, np.ndarray] = {p: np.zeros(n, dtype=np.int64) for p in self.mig_profiles}
-        whole_capable = np.zeros((n, self.gpu_slots), dtype=bool)
-        for i, node in enumerate(self.nodes):
-            for j, gpu in enumerate(node.gpus):
-                if gpu.index != j:
-                    raise ValueError(f"node {node.name}: GPU indices must be 0..{len(node.gpus) - 1} in order")
-                self.gpu_model[i, j] = model_id[gpu.model]
-                self.gpu_mem_total[i, j] = gpu.memory_mib
-                whole_capable[i, j] = not gpu.mig_enabled
-                for s in gpu.mig_slices:
-                    self.mig_total[s.profile][i] += 1
-        self.gpu_usable = whole_capable  # GPUs that take whole or shared pods (not MIG-split)
-
-        # allocation state
-        self.cpu_free = self.cpu_total.copy()
-        self.mem_free = self.mem_total.copy()
-        self.pods_free = self.pods_total.copy()
-        self.free_milli = np.where(whole_capable, MILLI, ABSENT).astype(np.int64)
-        self.gpu_mem_free = np.where(whole_capable, self.gpu_mem_total, 0)
-        self.mig_free = {p: v.copy() for p, v in self.mig_total.items()}
-        self.mig_taken: list[set[str]] = [set() for _ in range(n)]
-        self.gpu_tags: list[Counter[str]] = [Counter() for _ in range(n)]
-        self.version = np.zeros(n, dtype=np.int64)
-        self.caches: dict[object, object] = {}  # derived data keyed by its owner; validated by `version`
+        self._rows = 0
+        self._capacity = max(len(nodes), _MIN_CAPACITY)
+        self._buf: dict[object, np.ndarray] = {}
+        for name, (dtype, fill) in _NODE_COLUMNS.items():
+            self._buf[name] = np.full(self._capacity, fill, dtype=dtype)
+        for name, (dtype, fill) in _GPU_COLUMNS.items():
+            self._buf[name] = np.full((self._capacity, self.gpu_slots), fill, dtype=dtype)
+        for key in self._mig_keys():
+            self._buf[key] = np.zeros(self._capacity, dtype=np.int64)
+        self._nodes: list[NodeSpec]
+        self._names: list[str]
+        self.index: dict[str, int]
+        self.mig_taken: list[set[str]]
+        self.gpu_tags: list[Counter[str]]
+        self.signatures: list[NodeSignature | None] = []  # by signature id; None once no node has it
+        self._signature_id: dict[NodeSignature, int] = {}
+        self._signature_refs: list[int] = []
+        self.tainted_nodes = 0  # nodes with a NoSchedule/NoExecute taint
+        self.cordoned_nodes = 0
+        self.caches: dict[object, object] = {}  # derived data keyed by its owner; cleared on node changes
+        self.signature_caches: dict[object, object] = {}  # derived data indexed by signature id; kept
+        self.generation = 0  # bumped on every node change
+        self._version_high = 0
+        self._tuples: tuple[tuple[NodeSpec, ...], tuple[str, ...]] | None = None
+        self._nodes, self._names = list(nodes), names
+        self.index = {name: i for i, name in enumerate(names)}
+        self.mig_taken = [set() for _ in nodes]
+        self.gpu_tags = [Counter() for _ in nodes]
+        self._rows = len(nodes)
+        self._write_rows(0, nodes)
+        self._expose()
         self.set_tie_order(tie_order)
+
+    @staticmethod
+    def _check_spec(node: NodeSpec) -> None:
+        for j, gpu in enumerate(node.gpus):
+            if gpu.index != j:
+                raise ValueError(f"node {node.name}: GPU indices must be 0..{len(node.gpus) - 1} in order")
+
+    def _mig_keys(self) -> list[object]:
+        keys: list[object] = [("mig_total", p) for p in self.mig_profiles]
+        keys += [("mig_free", p) for p in self.mig_profiles]
+        keys += [("mig_free_model", p, m) for p, m in self._mig_model_keys]
+        return keys
+
+    def _expose(self) -> None:
+        """Point the public arrays at the live rows of the buffers."""
+        n = self._rows
+        for name in (*_NODE_COLUMNS, *_GPU_COLUMNS):
+            setattr(self, name, self._buf[name][:n])
+        self.mig_total: dict[str, np.ndarray] = {p: self._buf[("mig_total", p)][:n] for p in self.mig_profiles}
+        self.mig_free: dict[str, np.ndarray] = {p: self._buf[("mig_free", p)][:n] for p in self.mig_profiles}
+        # free MIG devices per (profile, GPU model): model constraints count only their own slices
+        self.mig_free_by_model: dict[tuple[str, str], np.ndarray] = {
+            (p, m): self._buf[("mig_free_model", p, m)][:n] for p, m in self._mig_model_keys
+        }
+        self._tuples = None
 
     # ---- views -------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self.nodes)
+        return self._rows
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        return self._name_tuples()[0]
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return self._name_tuples()[1]
+
+    def _name_tuples(self) -> tuple[tuple[NodeSpec, ...], tuple[str, ...]]:
+        if self._tuples is None:
+            self._tuples = (tuple(self._nodes), tuple(self._names))
+        return self._tuples
+
+    def row_of(self, name: str) -> int:
+        """The row of node ``name``; :class:`UnknownNode` if the snapshot does not hold it."""
+        row = self.index.get(name)
+        if row is None:
+            raise UnknownNode(f"node {name!r} is not in the cluster snapshot")
+        return row
 
     @property
     def total_gpu_milli(self) -> int:
         return int(self.gpu_count.sum()) * MILLI
-
-    def set_tie_order(self, order: Sequence[str] | None) -> None:
-        """Equal scores go to the node that comes first in ``order`` (default: node name order)."""
-        keys = list(order) if order is not None else [n.name for n in self.nodes]
-        if len(keys) != len(self.nodes):
-            raise ValueError(f"tie order has {len(keys)} entries for {len(self.nodes)} nodes")
-        rank = np.argsort(np.argsort(np.array(keys, dtype=object), kind="stable"), kind="stable")
-        self.tie_rank = rank.astype(np.int64)
 
     def used_gpu_milli(self) -> int:
         """Allocated GPU capacity in milli-GPU (shared GPUs count fractionally; MIG slices excluded)."""
@@ -142,55 +251,272 @@ class ClusterSnapshot:
         models = tuple(models)
         if not models:
             return self.gpu_model != ABSENT
-        wanted = [self.models.index(m) for m in models if m in self.models]
+        wanted = [self._model_id[m] for m in models if m in self._model_id]
         return np.isin(self.gpu_model, wanted)
 
+    def set_tie_order(self, order: Sequence[str] | None) -> None:
+        """Equal scores go to the node whose key in ``order`` (one per node, in row order) sorts first,
+        equal keys by name; by default the key is the node name. Nodes added later use their key in the
+        last ``order`` if it named them, else their name."""
+        keys = list(order) if order is not None else list(self._names)
+        if len(keys) != len(self):
+            raise ValueError(f"tie order has {len(keys)} entries for {len(self)} nodes")
+        self._tie_key_of: dict[str, str] = dict(zip(self._names, keys, strict=True)) if order is not None else {}
+        self._tie_sorted = sorted(zip(keys, self._names, strict=True))
+        rank = {name: r for r, (_, name) in enumerate(self._tie_sorted)}
+        self.tie_rank[:] = [rank[name] for name in self._names]
+
     def copy(self) -> ClusterSnapshot:
+        """An independent snapshot with the same nodes and allocation (and empty caches)."""
         other = object.__new__(ClusterSnapshot)
-        for key, value in self.__dict__.items():
-            if isinstance(value, np.ndarray):
-                value = value.copy()
-            elif key == "mig_free":
-                value = {p: v.copy() for p, v in value.items()}
-            elif key == "mig_taken":
-                value = [set(s) for s in value]
-            elif key == "gpu_tags":
-                value = [Counter(c) for c in value]
-            elif key == "caches":
-                value = {}
-            other.__dict__[key] = value
+        other.__dict__.update(self.__dict__)
+        other._buf = {key: buf.copy() for key, buf in self._buf.items()}
+        other._nodes, other._names, other.index = list(self._nodes), list(self._names), dict(self.index)
+        other.mig_taken = [set(s) for s in self.mig_taken]
+        other.gpu_tags = [Counter(c) for c in self.gpu_tags]
+        other.models, other._model_id = list(self.models), dict(self._model_id)
+        other.mig_profiles, other._mig_model_keys = list(self.mig_profiles), list(self._mig_model_keys)
+        other.signatures, other._signature_id = list(self.signatures), dict(self._signature_id)
+        other._signature_refs = list(self._signature_refs)
+        other._tie_key_of, other._tie_sorted = dict(self._tie_key_of), list(self._tie_sorted)
+        other.caches, other.signature_caches = {}, {}
+        other._expose()
         return other
 
-    # ---- mutation ----------------------------------------------------------------------------
+    # ---- node changes ------------------------------------------------------------------------
+    def upsert_node(self, spec: NodeSpec) -> None:
+        """Add a node, or replace the spec of the node of that name and reset ITS allocation to empty
+        (the caller re-assumes the pods it knows there). Other nodes' rows are not touched."""
+        self._check_spec(spec)
+        version = self._fresh_version()
+        row = self.index.get(spec.name)
+        if row is None:
+            row = self._append_row(spec)
+            self._expose()
+            self._insert_tie(row)
+        else:
+            self._forget_signature(row)
+            self._nodes[row] = spec
+            self.mig_taken[row], self.gpu_tags[row] = set(), Counter()
+            self._make_room(spec)
+            keep = self._buf["version"][row], self._buf["tie_rank"][row]
+            self._clear_row(row)
+            self._buf["version"][row], self._buf["tie_rank"][row] = keep
+            self._write_rows(row, [spec])
+            self._expose()
+        self.version[row] = version
+        self._node_set_changed()
+
+    def remove_node(self, name: str) -> None:
+        """Drop node ``name`` and its allocation; the last row moves into its place."""
+        row = self.row_of(name)
+        version = self._fresh_version()
+        self._remove_tie(row)
+        self._forget_signature(row)
+        last = self._rows - 1
+        if row != last:
+            for buf in self._buf.values():
+                buf[row] = buf[last]
+            for items in (self._nodes, self._names, self.mig_taken, self.gpu_tags):
+                items[row] = items[last]  # type: ignore[index]
+            self.index[self._names[row]] = row
+            self._buf["version"][row] = version
+        self._clear_row(last)
+        for items in (self._nodes, self._names, self.mig_taken, self.gpu_tags):
+            items.pop()
+        del self.index[name]
+        self._rows -= 1
+        self._expose()
+        self._node_set_changed()
+
+    def _fresh_version(self) -> int:
+        """A version above every version any row has had: a reused row never looks unchanged."""
+        live = int(self.version.max()) if self._rows else 0
+        self._version_high = max(self._version_high, live) + 1
+        return self._version_high
+
+    def _node_set_changed(self) -> None:
+        self.caches.clear()
+        self.generation += 1
+        self._tuples = None
+
+    def _append_row(self, spec: NodeSpec) -> int:
+        row = self._rows
+        if row >= self._capacity:
+            self._grow(max(2 * self._capacity, _MIN_CAPACITY), self.gpu_slots)
+        self._rows += 1
+        self._nodes.append(spec)
+        self._names.append(spec.name)
+        self.index[spec.name] = row
+        self.mig_taken.append(set())
+        self.gpu_tags.append(Counter())
+        self._make_room(spec)
+        self._write_rows(row, [spec])
+        return row
+
+    def _grow(self, capacity: int, slots: int) -> None:
+        """Reallocate the buffers with more rows and/or GPU slots, keeping the live rows."""
+        n, old_slots = self._rows, self.gpu_slots
+        grown: dict[object, np.ndarray] = {}
+        for key, buf in self._buf.items():
+            if key in _GPU_COLUMNS:
+                new = np.full((capacity, slots), _GPU_COLUMNS[key][1], dtype=buf.dtype)  # type: ignore[index]
+                new[:n, :old_slots] = buf[:n]
+            elif capacity == self._capacity:
+                new = buf  # only the GPU slots widen
+            else:
+                fill = _NODE_COLUMNS[key][1] if key in _NODE_COLUMNS else 0  # type: ignore[index]
+                new = np.full(capacity, fill, dtype=buf.dtype)
+                new[:n] = buf[:n]
+            grown[key] = new
+        self._buf = grown
+        self._capacity, self.gpu_slots = capacity, slots
+
+    def _make_room(self, spec: NodeSpec) -> None:
+        """Widen the GPU slots and register new GPU models and MIG profiles for ``spec``."""
+        if len(spec.gpus) > self.gpu_slots:
+            self._grow(self._capacity, len(spec.gpus))
+        for gpu in spec.gpus:
+            if gpu.model not in self._model_id:
+                self._model_id[gpu.model] = len(self.models)
+                self.models.append(gpu.model)
+            for s in gpu.mig_slices:
+                if s.profile not in self.mig_profiles:
+                    bisect.insort(self.mig_profiles, s.profile)
+                    self._buf[("mig_total", s.profile)] = np.zeros(self._capacity, dtype=np.int64)
+                    self._buf[("mig_free", s.profile)] = np.zeros(self._capacity, dtype=np.int64)
+                if (s.profile, gpu.model) not in self._mig_model_keys:
+                    bisect.insort(self._mig_model_keys, (s.profile, gpu.model))
+                    self._buf[("mig_free_model", s.profile, gpu.model)] = np.zeros(self._capacity, dtype=np.int64)
+
+    def _clear_row(self, row: int) -> None:
+        for name, (_, fill) in (*_NODE_COLUMNS.items(), *_GPU_COLUMNS.items()):
+            self._buf[name][row] = fill
+        for key in self._mig_keys():
+            self._buf[key][row] = 0
+
+    def _write_rows(self, start: int, specs: Sequence[NodeSpec]) -> None:
+        """Write ``specs`` into the clean rows ``start``.. with nothing allocated (all at once: this
+        builds the snapshot). Rows past the live ones are kept clean (see ``_clear_row``)."""
+        b, rows = self._buf, slice(start, start + len(specs))
+        b["cpu_total"][rows] = b["cpu_free"][rows] = [spec.cpu_milli for spec in specs]
+        b["mem_total"][rows] = b["mem_free"][rows] = [spec.memory_mib for spec in specs]
+        b["pods_total"][rows] = b["pods_free"][rows] = [spec.max_pods for spec in specs]
+        b["gpu_count"][rows] = [len(spec.gpus) for spec in specs]
+        at = [(start + k, j) for k, spec in enumerate(specs) for j in range(len(spec.gpus))]
+        if at:
+            gpus = [gpu for spec in specs for gpu in spec.gpus]
+            cells = tuple(np.array(at).T)
+            usable = np.array([gpu.healthy and not gpu.mig_enabled for gpu in gpus])  # takes whole or shared pods
+            memory = np.array([gpu.memory_mib for gpu in gpus], dtype=np.int64)
+            b["gpu_model"][cells] = [self._model_id[gpu.model] for gpu in gpus]
+            b["gpu_mem_total"][cells] = memory
+            b["gpu_usable"][cells] = usable
+            b["free_milli"][cells] = np.where(usable, MILLI, ABSENT)
+            b["gpu_mem_free"][cells] = np.where(usable, memory, 0)
+        for k, spec in enumerate(specs):
+            for gpu in spec.gpus:
+                for sl in gpu.mig_slices if gpu.healthy else ():
+                    b[("mig_total", sl.profile)][start + k] += 1
+                    b[("mig_free", sl.profile)][start + k] += 1
+                    b[("mig_free_model", sl.profile, gpu.model)][start + k] += 1
+            self._remember_signature(start + k, spec)
+
+    def _remember_signature(self, row: int, spec: NodeSpec) -> None:
+        sig = NodeSignature.of(spec)
+        sid = self._signature_id.setdefault(sig, len(self.signatures))
+        if sid == len(self.signatures):  # new; ids are never reused, so per-signature caches stay valid
+            self.signatures.append(sig)
+            self._signature_refs.append(0)
+        else:
+            sig = self.signatures[sid]  # type: ignore[assignment]
+        self._signature_refs[sid] += 1
+        self._buf["node_signature"][row] = sid
+        self.tainted_nodes += sig.hard_tainted
+        self.cordoned_nodes += sig.unschedulable
+
+    def _forget_signature(self, row: int) -> None:
+        sid = int(self._buf["node_signature"][row])
+        sig = self.signatures[sid]
+        assert sig is not None
+        self.tainted_nodes -= sig.hard_tainted
+        self.cordoned_nodes -= sig.unschedulable
+        self._signature_refs[sid] -= 1
+        if not self._signature_refs[sid]:
+            del self._signature_id[sig]
+            self.signatures[sid] = None
+
+    def _insert_tie(self, row: int) -> None:
+        name = self._names[row]
+        entry = (self._tie_key_of.get(name, name), name)
+        pos = bisect.bisect_left(self._tie_sorted, entry)
+        self._tie_sorted.insert(pos, entry)
+        self.tie_rank[self.tie_rank >= pos] += 1
+        self.tie_rank[row] = pos
+
+    def _remove_tie(self, row: int) -> None:
+        pos = int(self.tie_rank[row])
+        del self._tie_sorted[pos]
+        self.tie_rank[self.tie_rank > pos] -= 1
+
+    # ---- allocation --------------------------------------------------------------------------
     def assume(self, request: PodRequest, placement: Placement) -> None:
-        """Account ``request`` on the node and GPUs of ``placement``."""
+        """Account ``request`` (every GPU shape of it) on the node and GPUs of ``placement``."""
         self._apply(request, placement, +1)
 
     def release(self, request: PodRequest, placement: Placement) -> None:
-        """Undo :meth:`assume` (a pod finished, was preempted, or a bind failed)."""
+        """Undo :meth:`assume` exactly (a pod finished, was preempted, or a bind failed)."""
         self._apply(request, placement, -1)
 
     def _apply(self, request: PodRequest, placement: Placement, sign: int) -> None:
-        i = self.index[placement.node]
+        i = self.row_of(placement.node)
+        self._check_placement(i, request, placement)
         self.cpu_free[i] -= sign * request.cpu_milli
         self.mem_free[i] -= sign * request.memory_mib
         self.pods_free[i] -= sign
-        for j in placement.gpu_indices:
-            self.free_milli[i, j] -= sign * placement.gpu_milli
-            self.gpu_mem_free[i, j] -= sign * placement.gpu_memory_mib
-        if placement.mig_devices:
-            node = self.nodes[i]
-            by_uuid = {s.uuid: s for g in node.gpus for s in g.mig_slices}
-            for uuid in placement.mig_devices:
-                profile = by_uuid[uuid].profile
-                if sign > 0:
-                    self.mig_taken[i].add(uuid)
-                else:
-                    self.mig_taken[i].discard(uuid)
-                self.mig_free[profile][i] -= sign
+        for part in placement.parts():
+            self._apply_gpus(i, part, sign)
         tag = request.gpu_tag()
         if tag != "cpu":
             self.gpu_tags[i][tag] += sign
             if self.gpu_tags[i][tag] <= 0:
                 del self.gpu_tags[i][tag]
         self.version[i] += 1
+
+    def _check_placement(self, i: int, request: PodRequest, placement: Placement) -> None:
+        """Reject a placement that does not fit this node before anything is changed."""
+        if len(placement.extras) != len(request.extra):
+            raise ValueError(
+                f"pod {request.name}: placement has {len(placement.extras)} extra part(s) for "
+                f"{len(request.extra)} extra GPU shape(s)"
+            )
+        node = self._nodes[i]
+        for part in placement.extras:
+            if part.node != placement.node:
+                raise ValueError(f"pod {request.name}: extra part on {part.node}, primary on {placement.node}")
+        for part in placement.parts():
+            bad = [j for j in part.gpu_indices if not 0 <= j < len(node.gpus)]
+            if bad:
+                raise ValueError(f"pod {request.name}: node {node.name} has no GPU {bad[0]}")
+            if part.mig_devices:
+                uuids = {s.uuid for g in node.gpus for s in g.mig_slices}
+                unknown = [u for u in part.mig_devices if u not in uuids]
+                if unknown:
+                    raise ValueError(f"pod {request.name}: node {node.name} has no MIG device {unknown[0]}")
+
+    def _apply_gpus(self, i: int, part: Placement, sign: int) -> None:
+        whole = part.gpu_milli == MILLI  # a whole GPU takes its own memory, whatever its size
+        for j in part.gpu_indices:
+            self.free_milli[i, j] -= sign * part.gpu_milli
+            self.gpu_mem_free[i, j] -= sign * (self.gpu_mem_total[i, j] if whole else part.gpu_memory_mib)
+        if part.mig_devices:
+            slices = {s.uuid: (s.profile, g) for g in self._nodes[i].gpus for s in g.mig_slices}
+            for uuid in part.mig_devices:
+                profile, gpu = slices[uuid]
+                if sign > 0:
+                    self.mig_taken[i].add(uuid)
+                else:
+                    self.mig_taken[i].discard(uuid)
+                if gpu.healthy:  # an unhealthy GPU's slices are not counted as offered at all
+                    self.mig_free[profile][i] -= sign
+                    self.mig_free_by_model[(profile, gpu.model)][i] -= sign

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 class Placement:
     """A node, the GPUs (or MIG devices) the pod takes there, and how the policy scored it.
 
-    ``gpu_milli`` and ``gpu_memory_mib`` are what the pod takes on *each* GPU in ``gpu_indices``.
+    ``gpu_milli`` and ``gpu_memory_mib`` are what the pod takes on *each* GPU in ``gpu_indices``;
+    a whole GPU (``gpu_milli == 1000``) takes all of its own memory, whatever ``gpu_memory_mib`` says
+    (it holds the first GPU's memory, for display). ``extras`` places the request's ``extra`` shapes,
+    one Placement each, in the same order and on the same node; their score and breakdown are empty.
     """
 
     node: str
@@ -21,10 +24,15 @@ class Placement:
     mig_devices: tuple[str, ...] = ()
     score: float = 0.0
     breakdown: Mapping[str, float] = field(default_factory=dict)
+    extras: tuple[Placement, ...] = ()
 
     @property
     def schedulable(self) -> bool:
         return True
+
+    def parts(self) -> tuple[Placement, ...]:
+        """This placement's primary part followed by its extras."""
+        return (self, *self.extras)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from typing import TypeVar
 import numpy as np
 
 from gpupool_sched.model.cluster import ClusterSnapshot
-from gpupool_sched.model.request import PodRequest
+from gpupool_sched.model.request import MILLI, PodRequest
 
 T = TypeVar("T")
 
@@ -65,25 +65,38 @@ class WorkloadProfile:
         requests: Iterable[PodRequest],
         coverage: float = 0.95,
         spec_of: Callable[[PodRequest], str] | None = None,
+        memory_to_milli: Callable[[int], int] | None = None,
     ) -> WorkloadProfile:
         """Most frequent classes first (ties: larger CPU, then milli, GPUs, spec), until their tasks
         make up at least ``coverage`` of all tasks (the FGD artifact's 'typical pods').
 
         ``spec_of`` gives a request's model constraint as written (default: the sorted model names);
-        the trace replay passes the trace's own strings, which the FGD artifact keys classes by."""
+        the trace replay passes the trace's own strings, which the FGD artifact keys classes by.
+        ``memory_to_milli`` turns a memory share (MiB) into the milli-GPU it takes on a typical GPU
+        (1..1000); without it memory shares are left out. MIG requests are always left out: MIG slices
+        live on MIG-enabled GPUs, which never take whole or shared pods, so they do not fragment them.
+        Only a request's primary GPU shape counts."""
         counts: Counter[tuple[int, int, int, str]] = Counter()
         models_of: dict[str, frozenset[str]] = {}
         gpu = cpu = mem = 0
         for r in requests:
-            if r.gpu_milli_total:
-                gpu += r.gpu_milli_total
+            if r.wants_mig:
+                continue
+            if r.gpu_memory_mib:
+                if memory_to_milli is None:
+                    continue
+                milli = memory_to_milli(r.gpu_memory_mib)
+                if not 0 < milli <= MILLI:
+                    raise ValueError(f"memory_to_milli({r.gpu_memory_mib}) gave {milli}, expected 1..{MILLI}")
+            else:
+                milli = r.gpu_milli if r.wants_gpu else 0
+            if milli:
+                gpu += milli * r.gpu_count
                 cpu += r.cpu_milli
                 mem += r.memory_mib
-            if r.wants_mig or r.gpu_memory_mib:
-                continue  # not expressible in milli-GPU; MIG slices do not fragment shareable GPUs
             spec = spec_of(r) if spec_of else "|".join(sorted(r.gpu_models))
             models_of[spec] = r.gpu_models
-            counts[(r.cpu_milli, r.gpu_milli if r.wants_gpu else 0, r.gpu_count, spec)] += 1
+            counts[(r.cpu_milli, milli, r.gpu_count, spec)] += 1
         ordered = sorted(
             (TaskClass(cpu, milli, k, models_of[spec], n, spec) for (cpu, milli, k, spec), n in counts.items()),
             key=TaskClass.sort_key,

@@ -8,7 +8,6 @@ fits nowhere fails for good, so the replay is online bin packing.
 
 from __future__ import annotations
 
-import gzip
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,18 +15,32 @@ from pathlib import Path
 import numpy as np
 
 from gpupool_sched.model.request import PodRequest
-from gpupool_sched.simulate.trace import TraceError
+from gpupool_sched.simulate.trace import TUNED, TraceError, read_text
 
-TUNED = "-tuned-"
+# More arrivals than this is a mistake (tiny GPU shares on a huge cluster, a huge --ratio), not a study:
+# the openb traces need 10-25 thousand; the limit is checked before the list is built.
+MAX_ARRIVALS = 2_000_000
 
 
 def seeded_arrivals(pods: Sequence[PodRequest], capacity_milli: int, seed: int, ratio: float = 1.3) -> list[PodRequest]:
-    """Shuffled pods, tuned to ``ratio`` x ``capacity_milli`` of total GPU request."""
+    """Shuffled pods, tuned to ``ratio`` x ``capacity_milli`` of total GPU request.
+
+    Raises TraceError, before any sampling, when no pod asks for a GPU (the copies would never reach the
+    target) or when the target would take more than :data:`MAX_ARRIVALS` arrivals."""
     rng = np.random.default_rng(seed)
     base = sorted(pods, key=lambda p: p.name)
-    order = [base[i] for i in rng.permutation(len(base))]
     target = ratio * capacity_milli
-    total = sum(p.gpu_milli_total for p in order)
+    total = sum(p.gpu_milli_total for p in base)
+    if total < target:
+        if total == 0:
+            raise TraceError("no pod asks for a GPU: copies of them can never reach the GPU capacity target")
+        expected = len(base) * target / total  # copies are drawn uniformly: each adds total/len(base) on average
+        if expected > MAX_ARRIVALS:
+            raise TraceError(
+                f"reaching {ratio:g} x the capacity of {capacity_milli // 1000} GPUs would take about "
+                f"{expected:,.0f} arrivals (at most {MAX_ARRIVALS:,}); use a smaller ratio or larger pods"
+            )
+    order = [base[i] for i in rng.permutation(len(base))]
     if total > target:
         while total > target and order:
             dropped = order.pop(int(rng.integers(len(order))))
@@ -72,11 +85,7 @@ class EventOrder:
 def read_event_order(path: Path | str, seed: int) -> EventOrder:
     """Rows ``kind,seed,key,value``: ``pod,SEED,INDEX,POD`` and ``node,SEED,NODE,PREFIXED_NAME``."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-        text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: cannot read event order: {exc}") from None
+    text = read_text(path, " event order")
     pods: dict[int, str] = {}
     nodes: dict[str, str] = {}
     seeds: set[int] = set()

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
 from gpupool_sched.errors import UserError
 from gpupool_sched.placement.registry import POLICIES
-from gpupool_sched.simulate.run import prepare_workload, simulate
-from gpupool_sched.simulate.trace import TraceError, read_trace
+from gpupool_sched.simulate.run import PROFILE_SOURCES, prepare_workload, simulate
+from gpupool_sched.simulate.trace import KNOWN_GPU_MODELS, TraceError, read_trace
+
+MAX_SEED = 2**63 - 1  # numpy takes any non-negative seed; JSON readers take int64
+EPILOG = (
+    "The table reports the cluster when arrivals reach 100% of its GPU capacity: allocated, unallocated and "
+    "fragmented GPU capacity, and 'failed pods', the arrivals that found no node with room by then (a failed pod "
+    "is never retried). The JSON adds failed_pods_total, the failed arrivals of the whole replay (up to --ratio "
+    "x capacity), and final.failed_pods, the table's number. Bad input (files, flags, output paths) stops "
+    "before the replay with one line naming the file, line and field, and exit code 2."
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,19 +33,57 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Replay Alibaba cluster-trace-gpu-v2023 style node and pod lists (the bundled openb default "
             "trace when --nodes/--pods are omitted): pods arrive in a seeded order, copies are sampled up to "
-            "130%% of GPU capacity, nothing leaves and failed pods are not retried."
+            "130% of GPU capacity, nothing leaves and failed pods are not retried."
         ),
+        epilog=EPILOG,
     )
     p.add_argument("--nodes", type=Path, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
     p.add_argument(
         "--pods", type=Path, help="pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...])"
     )
-    p.add_argument("--policy", default="all", help=f"one of {', '.join(POLICIES)}, or 'all' (default)")
-    p.add_argument("--seed", type=int, default=42, help="arrival order seed (default 42)")
+    p.add_argument(
+        "--policy",
+        default="all",
+        help=f"one of {', '.join(POLICIES)}, or 'all' (default); several as a comma-separated list (fgd,gpupool)",
+    )
+    p.add_argument("--seed", type=int, default=42, help=f"arrival order seed, 0..{MAX_SEED} (default 42)")
     p.add_argument("--event-order", type=Path, help="replay a published run's pod order and node tie-breaks")
-    p.add_argument("--json", type=Path, help="write the report(s) as JSON")
-    p.add_argument("--plot", type=Path, help="write the allocation curves as a PNG")
+    p.add_argument("--json", type=Path, help="write the report(s) as JSON (its directory must exist)")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        help="write the allocation curves as an image; the suffix picks the format (.png, .svg, .pdf, ...)",
+    )
+    p.add_argument(
+        "--gpu-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="accept this GPU model on nodes besides the known ones (repeatable); known: "
+        + ", ".join(sorted(KNOWN_GPU_MODELS)),
+    )
     p.add_argument("--ratio", type=float, default=1.3, help="arrivals up to this multiple of GPU capacity")
+    p.add_argument(
+        "--sample-percentage",
+        type=int,
+        metavar="PCT",
+        help="score only PCT%% of the feasible nodes, as kube-scheduler's percentageOfNodesToScore "
+        "(0 = its adaptive default; omitted: score every feasible node)",
+    )
+    p.add_argument(
+        "--sample-scan",
+        choices=("fixed", "rotating"),
+        default="fixed",
+        help="with --sample-percentage: take the first feasible nodes in tie-break order (fixed, default) or "
+        "go on from where the previous decision stopped, as kube-scheduler does (rotating)",
+    )
+    p.add_argument(
+        "--profile",
+        choices=PROFILE_SOURCES,
+        default="trace",
+        help="FGD's workload profile: the trace's pod mix (default) or, as the scheduler does, "
+        "a rolling window of the pods arrived so far",
+    )
     p.set_defaults(func=run)
 
 
@@ -62,24 +111,87 @@ def _progress(stack: ExitStack) -> Callable[[str, int], Callable[[int], None]] |
     return for_policy
 
 
+def policy_names(value: str) -> list[str]:
+    """``--policy``: one name, ``all``, or a comma-separated list of them (order kept, repeats dropped)."""
+    names: list[str] = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            raise UserError(f"--policy {value!r}: empty name in the list")
+        for name in POLICIES if item == "all" else (item,):
+            if name not in POLICIES:
+                raise UserError(f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}, all")
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def check_output(flag: str, path: Path) -> None:
+    """Fail before the replay, not after it, when an output file cannot be written; never create its
+    directory (a typo in it would otherwise go unnoticed)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        why = "does not exist" if not parent.exists() else "is not a directory"
+        raise UserError(f"{flag} {path}: directory {parent} {why}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UserError(f"{flag} {path}: file is not writable")
+    try:  # os.access answers yes to root even on a read-only file system: try it
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: cannot write in {parent}: {exc.strerror or exc}") from None
+
+
+def check_plot_format(path: Path) -> None:
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    # pgf needs a LaTeX installation at save time, that is after the whole replay: not offered
+    formats = sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"})
+    suffix = path.suffix.lower().removeprefix(".")
+    if suffix not in formats:
+        got = f"format {suffix!r}" if suffix else "no file suffix"
+        raise UserError(f"--plot {path}: {got}; use one of .{', .'.join(formats)}")
+
+
+def check_arguments(args: argparse.Namespace) -> list[str]:
+    """Every flag checked, and the policies to run, before any file is read."""
+    names = policy_names(args.policy)
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UserError(f"--seed must be in 0..{MAX_SEED}, got {args.seed}")
+    if args.json:
+        check_output("--json", args.json)
+    if args.plot:
+        check_plot_format(args.plot)
+        check_output("--plot", args.plot)
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
-    names = list(POLICIES) if args.policy == "all" else [args.policy]
-    unknown = [n for n in names if n not in POLICIES]
-    if unknown:
-        raise UserError(f"unknown policy {unknown[0]!r}; choose one of: {', '.join(POLICIES)}, all")
+    names = check_arguments(args)
     if (args.nodes is None) != (args.pods is None):
         raise UserError("give both --nodes and --pods, or neither (the bundled openb default trace)")
     if not 0 < args.ratio <= 10:
         raise UserError(f"--ratio must be in (0, 10], got {args.ratio}")
+    if args.sample_percentage is not None and not 0 <= args.sample_percentage <= 100:
+        raise UserError(f"--sample-percentage must be in 0..100, got {args.sample_percentage}")
     try:
-        trace = read_trace(args.nodes, args.pods)
+        trace = read_trace(args.nodes, args.pods, extra_models=args.gpu_model)
         workload = prepare_workload(trace, args.seed, args.event_order, args.ratio)
     except TraceError as exc:
         raise UserError(str(exc)) from None
     for warning in trace.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     with ExitStack() as stack:
-        reports = simulate(trace, workload, names, _progress(stack))
+        reports = simulate(
+            trace,
+            workload,
+            names,
+            _progress(stack),
+            sample_percentage=args.sample_percentage,
+            sample_rotate=args.sample_scan == "rotating",
+            profile_source=args.profile,
+        )
     from rich.console import Console
 
     from gpupool_sched.simulate.report import render_table
@@ -87,12 +199,17 @@ def run(args: argparse.Namespace) -> int:
     Console(width=None if sys.stdout.isatty() else 110).print(render_table(reports))
     if args.json:
         payload = reports[0].model_dump() if len(reports) == 1 else [r.model_dump() for r in reports]
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=1) + "\n")
+        try:
+            args.json.write_text(json.dumps(payload, indent=1) + "\n")
+        except OSError as exc:  # checked before the run; the disk may still fill up
+            raise UserError(f"--json {args.json}: cannot write: {exc.strerror or exc}") from None
         print(f"JSON report: {args.json}")
     if args.plot:
         from gpupool_sched.simulate.plot import plot_reports
 
-        plot_reports(reports, args.plot)
+        try:
+            plot_reports(reports, args.plot)
+        except OSError as exc:
+            raise UserError(f"--plot {args.plot}: cannot write: {exc.strerror or exc}") from None
         print(f"plot: {args.plot}")
     return 0

@@ -14,6 +14,8 @@ from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragmentation_milli
 from gpupool_sched.placement.framework import Policy
+from gpupool_sched.placement.sampling import NodeSampler
+from gpupool_sched.placement.workload import RollingProfile, forget_profile
 
 Progress = Callable[[int], None]
 
@@ -43,9 +45,25 @@ def replay(
     tie_order: Sequence[str] | None = None,
     seed: int = 0,
     progress: Progress | None = None,
+    sample_percentage: int | None = None,
+    sample_rotate: bool = False,
+    rolling: RollingProfile | None = None,
+    rebuild: Callable[[WorkloadProfile], Policy] | None = None,
 ) -> ReplayResult:
-    """Place each pod in turn; pods never leave and failed pods are not retried."""
+    """Place each pod in turn; pods never leave and failed pods are not retried.
+
+    ``profile`` is the workload the fragmentation metric is measured for. ``sample_percentage``
+    scores only a sample of the feasible nodes (sampling.py; 0 = kube-scheduler's adaptive share),
+    scanned from the first node of the tie-break order, or with ``sample_rotate`` from where the
+    previous scan stopped (kube-scheduler's rotation).
+    With ``rolling``, each arriving pod is observed before it is placed and, when the rolling profile
+    changes, ``rebuild`` makes the policy anew from it (the scheduler's view of the workload; the
+    caller builds the first ``policy`` from ``rolling.profile()``)."""
     snapshot = ClusterSnapshot(nodes, tie_order=tie_order)
+    sampler = None
+    if sample_percentage is not None:
+        sampler = NodeSampler.for_snapshot(snapshot, sample_percentage, rotate=sample_rotate)
+    version = rolling.version if rolling is not None else 0
     rng = np.random.default_rng(seed)
     capacity = snapshot.total_gpu_milli
     arrived = np.zeros(len(arrivals) + 1, dtype=np.int64)
@@ -57,7 +75,15 @@ def replay(
     start = time.perf_counter()
     for i, pod in enumerate(arrivals):
         a += pod.gpu_milli_total
-        decision = decide(snapshot, pod, policy, rng)
+        if rolling is not None and rebuild is not None:
+            old = rolling.profile()
+            rolling.observe(pod)
+            if rolling.version != version:
+                version = rolling.version
+                policy = rebuild(rolling.profile())
+                if old is not profile:
+                    forget_profile(snapshot, old)
+        decision = decide(snapshot, pod, policy, rng, sample=sampler)
         if isinstance(decision, Placement):
             snapshot.assume(pod, decision)
             u += decision.gpu_milli * len(decision.gpu_indices)

@@ -21,7 +21,10 @@ class FinalMetrics(BaseModel):
     allocated_pct: float = Field(description="allocated GPU capacity, % (the curve at 100% arrived)")
     unallocated_pct: float = Field(description="100 - allocated_pct")
     fragmented_pct: float = Field(description="idle GPU capacity that the workload's task classes cannot use, %")
-    failed_pods: int = Field(description="pods that fit nowhere, up to 100% arrived")
+    failed_pods: int = Field(
+        description="arrivals that found no node with room, counted until arrivals reach 100% of the GPU "
+        "capacity (a failed pod is never retried); the table's 'failed pods' column"
+    )
     seconds: float = Field(description="wall time of the whole replay")
 
 
@@ -31,8 +34,11 @@ class SimulationReport(BaseModel):
     seed: int
     event_order: str | None = None
     total_gpus: int
-    pods: int = Field(description="arrivals replayed (up to 130% of capacity)")
-    failed_pods_total: int
+    pods: int = Field(description="arrivals replayed (up to --ratio, default 130%, of GPU capacity)")
+    failed_pods_total: int = Field(
+        description="arrivals that found no node with room over the whole replay (up to --ratio x capacity); "
+        "final.failed_pods counts only those up to 100% arrived"
+    )
     curve: list[CurvePoint]
     final: FinalMetrics
 
@@ -59,11 +65,21 @@ def build_report(result: ReplayResult, trace: str, seed: int, event_order: str |
     )
 
 
+TABLE_CAPTION = (
+    "measured when arrivals reach 100% of GPU capacity; failed pods: arrivals that found no node with room "
+    "by then (never retried); the JSON's failed_pods_total counts them over the whole replay"
+)
+
+
 def render_table(reports: Sequence[SimulationReport]):
     from rich.table import Table
 
     first = reports[0]
-    table = Table(title=f"trace {first.trace}: {first.total_gpus} GPUs, {first.pods} arrivals, seed {first.seed}")
+    table = Table(
+        title=f"trace {first.trace}: {first.total_gpus} GPUs, {first.pods} arrivals, seed {first.seed}",
+        caption=TABLE_CAPTION,
+        caption_justify="left",
+    )
     for col in ("policy", "allocated %", "unallocated %", "fragmented %", "failed pods", "seconds"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     best = min(r.final.unallocated_pct for r in reports)

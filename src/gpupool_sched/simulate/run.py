@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.fragmentation import WorkloadProfile
-from gpupool_sched.placement.registry import build_policy
+from gpupool_sched.placement.registry import POLICIES, build_policy
+from gpupool_sched.placement.workload import RollingProfile, typical_gpu_memory_mib
 from gpupool_sched.simulate.arrivals import read_event_order, seeded_arrivals
 from gpupool_sched.simulate.replay import Progress, replay
 from gpupool_sched.simulate.report import SimulationReport, build_report
 from gpupool_sched.simulate.trace import Trace
+
+ProfileSource = Literal["trace", "rolling"]
+PROFILE_SOURCES: tuple[ProfileSource, ...] = ("trace", "rolling")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +54,24 @@ def simulate(
     workload: Workload,
     policies: Sequence[str],
     progress_for: Callable[[str, int], Progress] | None = None,
+    *,
+    sample_percentage: int | None = None,
+    sample_rotate: bool = False,
+    profile_source: ProfileSource = "trace",
 ) -> list[SimulationReport]:
+    """One report per policy. ``sample_percentage`` scores a sample of the feasible nodes (None: all,
+    0: kube-scheduler's adaptive share; ``sample_rotate``: with kube-scheduler's rotating start);
+    ``profile_source="rolling"`` gives profile-driven policies the scheduler's view of the workload
+    (a RollingProfile of the arrivals so far) instead of the trace's. Fragmentation is always
+    measured against the trace's profile, so reports stay comparable."""
+    if profile_source not in PROFILE_SOURCES:
+        raise ValueError(f"profile source must be one of {', '.join(PROFILE_SOURCES)}, got {profile_source!r}")
     reports = []
     for name in policies:
-        policy = build_policy(name, workload.profile)
+        rolling = None
+        if profile_source == "rolling" and POLICIES[name].needs_profile:
+            rolling = RollingProfile(spec_of=trace.spec_of, typical_gpu_memory_mib=typical_gpu_memory_mib(trace.nodes))
+        policy = build_policy(name, rolling.profile() if rolling else workload.profile)
         progress = progress_for(name, len(workload.arrivals)) if progress_for else None
         result = replay(
             trace.nodes,
@@ -61,6 +81,10 @@ def simulate(
             tie_order=workload.tie_order,
             seed=workload.seed,
             progress=progress,
+            sample_percentage=sample_percentage,
+            sample_rotate=sample_rotate,
+            rolling=rolling,
+            rebuild=partial(build_policy, name) if rolling else None,
         )
         reports.append(build_report(result, trace.name, workload.seed, workload.event_order))
     return reports

@@ -1,0 +1,1 @@
+"""gpupool's scheduler service: the pods of `schedulerName: gpupool` placed by the placement core."""

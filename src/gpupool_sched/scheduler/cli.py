@@ -1,0 +1,187 @@
+"""`gpupool scheduler` (also `python -m gpupool_sched`): run the GPU scheduler against a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import uuid
+from pathlib import Path
+
+from gpupool_sched.errors import UserError
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "scheduler",
+        help="run the GPU scheduler: binds pending pods of its scheduler name",
+        description="Watch pending pods with spec.schedulerName = --scheduler-name and bind them to nodes and "
+        "GPUs chosen by the placement core; the device plugin hands each container exactly those GPUs "
+        "(docs/scheduler.md).",
+    )
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is outside 0..65535")
+    return value
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> object:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+        return value
+
+    return parse
+
+
+def _percentage(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{value} is outside 0..100")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpupool_sched.placement.registry import POLICIES
+
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account)")
+    p.add_argument("--scheduler-name", default="gpupool", help="pods with this spec.schedulerName are ours")
+    p.add_argument("--policy", default="gpupool", choices=sorted(POLICIES), help="placement policy")
+    p.add_argument("--metrics-port", type=_port, default=10251, help="/metrics, /healthz, /readyz (0: off)")
+    p.add_argument("--metrics-address", default="0.0.0.0", help="address the metrics port listens on")
+    p.add_argument("--leader-elect", action="store_true", help="run as one of several replicas; only the leader binds")
+    p.add_argument("--lease-namespace", default="kube-system", help="namespace of the leader-election Lease")
+    p.add_argument("--lease-name", default=None, help="Lease name (default: <scheduler-name>-scheduler)")
+    p.add_argument("--lease-duration", type=_positive(float), default=15.0, metavar="SECONDS")
+    p.add_argument("--renew-deadline", type=_positive(float), default=10.0, metavar="SECONDS")
+    p.add_argument("--retry-period", type=_positive(float), default=2.0, metavar="SECONDS")
+    p.add_argument("--identity", default=None, help="this replica's name in the Lease (default: hostname_random)")
+    p.add_argument("--memory-unit-mib", type=_positive(int), default=1024,
+                   help="MiB per nvidia.com/gpu-memory unit; must match the device plugin's")
+    p.add_argument("--percentage-of-nodes-to-score", type=_percentage, default=0,
+                   help="score this %% of the feasible nodes (0: adaptive, as kube-scheduler; 100: all)")
+    p.add_argument("--gate-timeout", type=_positive(float), default=30.0, metavar="SECONDS",
+                   help="how long a bind waits for the device plugin's ack of a same-shape pod on its node")
+    p.add_argument("--bind-workers", type=_positive(int), default=16, help="API calls in flight at once")
+    p.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+
+
+def _kube_client(kubeconfig: str | None):
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    try:
+        if path:
+            if not Path(path).is_file():
+                raise UserError(f"kubeconfig {path} does not exist")
+            config.load_kube_config(config_file=path)  # also the default kopf logs in with
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+        else:
+            raise UserError("no cluster: give --kubeconfig, set $KUBECONFIG, or run in a pod")
+    except ConfigException as exc:
+        raise UserError(f"cannot use kubeconfig {path}: {exc}") from None
+    configuration = client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = 32
+    return client.ApiClient(configuration), configuration.host
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpupool_sched.scheduler.kubeapi import KubeApi
+    from gpupool_sched.scheduler.service import SchedulerConfig
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.retry_period < args.renew_deadline < args.lease_duration:
+        raise UserError("need --retry-period < --renew-deadline < --lease-duration")
+    api_client, host = _kube_client(args.kubeconfig)
+    api = KubeApi(api_client, workers=args.bind_workers, component=args.scheduler_name)
+    try:
+        version = api.server_version_sync(timeout_s=5.0)
+    except Exception as exc:  # any failure to reach it is the user's to fix, in one line
+        raise UserError(f"cannot reach the API server at {host}: {_first_line(exc)}") from None
+    identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    config = SchedulerConfig(
+        scheduler_name=args.scheduler_name,
+        policy=args.policy,
+        memory_unit_mib=args.memory_unit_mib,
+        percentage_of_nodes_to_score=args.percentage_of_nodes_to_score,
+        gate_timeout_s=args.gate_timeout,
+        bind_workers=args.bind_workers,
+        leader_elect=args.leader_elect,
+        lease_namespace=args.lease_namespace,
+        lease_name=args.lease_name or f"{args.scheduler_name}-scheduler",
+        lease_duration_s=args.lease_duration,
+        renew_deadline_s=args.renew_deadline,
+        retry_period_s=args.retry_period,
+        identity=identity,
+    )
+    logging.getLogger(__name__).info("API server %s (%s); scheduler %s, identity %s",
+                                     host, version, args.scheduler_name, identity)
+    try:
+        asyncio.run(_serve(config, api, args.metrics_port, args.metrics_address))
+    finally:
+        api.close()
+    return 0
+
+
+async def _serve(config: object, api: object, metrics_port: int, metrics_address: str) -> None:
+    from gpupool_sched.scheduler.endpoints import start_endpoints
+    from gpupool_sched.scheduler.service import SchedulerService
+    from gpupool_sched.scheduler.watch import run_operator
+
+    service = SchedulerService(config, api)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    runner = None
+    if metrics_port:
+        try:
+            runner = await start_endpoints(service, metrics_port, metrics_address)
+        except OSError as exc:
+            raise UserError(f"cannot listen on {metrics_address}:{metrics_port}: {exc.strerror or exc}") from None
+    try:
+        await run_operator(service, stop)
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpupool_sched")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except UserError as exc:
+        print(f"gpupool scheduler: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

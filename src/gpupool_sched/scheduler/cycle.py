@@ -1,0 +1,89 @@
+"""One scheduling cycle: a pod (later: a gang) in, a statement out.
+
+The cycle asks the placement core (`decide`, unchanged and pure) and records its answer as a
+`Statement`: tentative operations on the cluster state that are committed or discarded as a whole,
+as Volcano's Statement does. A committed statement is what the binder carries out. Preemption and
+gangs plug in here as further steps producing statements (evictions, several placements) rather
+than as second loops; until then a statement holds one placement.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpupool_sched.model.decision import Placement, Unschedulable
+from gpupool_sched.placement.decide import decide
+from gpupool_sched.placement.framework import Policy
+from gpupool_sched.placement.sampling import NodeSampler
+from gpupool_sched.scheduler.podspec import PodPlan
+from gpupool_sched.scheduler.state import ClusterState
+
+
+@dataclass(slots=True)
+class Statement:
+    """Tentative placements on the state: each is assumed at once (so that later steps of the same
+    cycle see it) and released again by `discard`."""
+
+    state: ClusterState
+    placements: list[tuple[PodPlan, Placement]] = field(default_factory=list)
+    committed: bool = False
+
+    def assume(self, plan: PodPlan, placement: Placement) -> None:
+        if self.committed:
+            raise RuntimeError("statement already committed")
+        self.state.assume(plan, placement)
+        self.placements.append((plan, placement))
+
+    def discard(self) -> None:
+        for plan, _ in reversed(self.placements):
+            self.state.forget(plan.uid)
+        self.placements.clear()
+
+    def commit(self) -> list[tuple[PodPlan, Placement]]:
+        self.committed = True
+        return list(self.placements)
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    plan: PodPlan
+    statement: Statement | None  # committed; None when the pod fits nowhere
+    unschedulable: Unschedulable | None
+    seconds: float  # time in the placement core
+
+
+class Cycle:
+    """Binds the core to the live state: which policy (rebuilt when the workload profile changes),
+    which node sample, which random stream."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        policy: Callable[[], Policy],
+        *,
+        percentage_of_nodes_to_score: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.state = state
+        self.policy = policy
+        # None: score every feasible node (what the simulator does); else kube-scheduler's sampling
+        self.sampler = None if percentage_of_nodes_to_score is None else NodeSampler(0, percentage_of_nodes_to_score)
+        self.rng = np.random.default_rng(seed)
+
+    def schedule(self, plan: PodPlan) -> CycleResult:
+        snapshot = self.state.snapshot
+        if self.sampler is not None and self.sampler.num_nodes != len(snapshot):
+            self.sampler.resize(len(snapshot))  # nodes came or went
+        start = time.perf_counter()
+        decision = decide(snapshot, plan.request, self.policy(), self.rng, sample=self.sampler)
+        seconds = time.perf_counter() - start
+        if isinstance(decision, Unschedulable):
+            return CycleResult(plan, None, decision, seconds)
+        statement = Statement(self.state)
+        statement.assume(plan, decision)
+        statement.commit()
+        return CycleResult(plan, statement, None, seconds)

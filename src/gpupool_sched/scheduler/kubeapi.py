@@ -1,0 +1,191 @@
+"""Every call the scheduler makes to the API server (the kopf watch aside).
+
+The `kubernetes` client is synchronous, so calls run on a bounded thread pool and are awaited from
+the event loop: the cycle never waits on an API round trip, and many binds are in flight at once.
+Hot paths work on raw JSON (`_preload_content=False`); building the client's model objects for
+thousands of pods costs more than the calls themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+REQUEST_TIMEOUT_S = 15
+
+
+class ApiError(Exception):
+    """A failed API call: HTTP status (0: no answer) and the server's message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @classmethod
+    def from_exception(cls, exc: Exception) -> ApiError:
+        if isinstance(exc, ApiException):
+            message = exc.reason or ""
+            try:
+                body = json.loads(exc.body or "{}")
+                message = body.get("message") or message
+                reason = body.get("reason") or exc.reason or "Error"
+            except (ValueError, AttributeError):
+                reason = exc.reason or "Error"
+            return cls(int(exc.status or 0), str(reason), str(message))
+        return cls(0, type(exc).__name__, str(exc))
+
+    @property
+    def kind(self) -> str:
+        """A short label for metrics: conflict, not_found, forbidden, timeout, server, other."""
+        return {409: "conflict", 404: "not_found", 403: "forbidden", 422: "invalid", 429: "throttled"}.get(
+            self.status, "server" if self.status >= 500 else ("unreachable" if self.status == 0 else "other")
+        )
+
+
+def now_rfc3339(micro: bool = False) -> str:
+    t = datetime.now(UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubeApi:
+    def __init__(self, api_client: client.ApiClient, *, workers: int = 16, component: str = "gpupool") -> None:
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
+        self.component = component
+        self.identity = component
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        except (ApiException, OSError, ValueError) as exc:
+            raise ApiError.from_exception(exc) from None
+        except Exception as exc:  # urllib3 errors and the like
+            raise ApiError.from_exception(exc) from None
+
+    # ---- reads ---------------------------------------------------------------------------------
+    def list_raw_sync(self, path: str, page: int = 500) -> tuple[list[dict[str, Any]], str]:
+        """All objects at `path` (paginated) and the list's resourceVersion."""
+        items: list[dict[str, Any]] = []
+        cont: str | None = None
+        version = ""
+        while True:
+            query: list[tuple[str, Any]] = [("limit", page)]
+            if cont:
+                query.append(("continue", cont))
+            body = self._get(path, query, timeout_s=60)
+            items.extend(body.get("items") or ())
+            meta = body.get("metadata") or {}
+            version = meta.get("resourceVersion", version)
+            cont = meta.get("continue")
+            if not cont:
+                return items, version
+
+    async def list_raw(self, path: str) -> tuple[list[dict[str, Any]], str]:
+        return await self.call(self.list_raw_sync, path)
+
+    def server_version_sync(self, timeout_s: float = 5.0) -> str:
+        return str(self._get("/version", [], timeout_s=timeout_s).get("gitVersion", "?"))
+
+    def _get(self, path: str, query: list[tuple[str, Any]], *, timeout_s: float) -> dict[str, Any]:
+        """GET `path` as JSON, without the client's model decoding."""
+        method, url, headers, body, post = self.api_client.param_serialize(
+            method="GET", resource_path=path, query_params=query,
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+        )
+        resp = self.api_client.call_api(method, url, header_params=headers, body=body, post_params=post,
+                                        _request_timeout=timeout_s)
+        resp.read()
+        if not 200 <= resp.status < 300:
+            raise ApiException(status=resp.status, reason=resp.reason, http_resp=resp)
+        return json.loads(resp.data)
+
+    # ---- writes --------------------------------------------------------------------------------
+    async def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        """POST the Binding; its annotations land on the pod in the same write as spec.nodeName. The
+        UID makes the API server refuse a pod that was replaced by a namesake meanwhile."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": dict(annotations)},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        await self.call(
+            self.core.create_namespaced_binding, namespace, body,
+            _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S,
+        )
+
+    async def post_event(
+        self, pod: Mapping[str, str], *, kind: str, reason: str, message: str, action: str = "Scheduling"
+    ) -> None:
+        """A core/v1 Event on the pod, as kube-scheduler writes them."""
+        now = now_rfc3339()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod['name']}.", "namespace": pod["namespace"]},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod["namespace"],
+                               "name": pod["name"], "uid": pod["uid"]},
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "action": action,
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self.identity,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self.call(self.core.create_namespaced_event, pod["namespace"], body,
+                        _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S)
+
+    async def set_unschedulable(self, namespace: str, name: str, message: str) -> None:
+        """PodScheduled=False, reason Unschedulable: what `kubectl describe` and autoscalers read."""
+        patch = {"status": {"conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": message[:1024], "lastTransitionTime": now_rfc3339(),
+        }]}}
+        await self.call(
+            self.core.patch_namespaced_pod_status, name, namespace, patch,
+            _content_type="application/strategic-merge-patch+json",
+            _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S,
+        )
+
+    # ---- leases (leader election) ---------------------------------------------------------------
+    def read_lease_sync(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            resp = self.coordination.read_namespaced_lease(name, namespace, _preload_content=False,
+                                                           _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return json.loads(resp.data)
+
+    def write_lease_sync(self, namespace: str, lease: dict[str, Any], create: bool) -> dict[str, Any]:
+        name = lease["metadata"]["name"]
+        if create:
+            resp = self.coordination.create_namespaced_lease(namespace, lease, _preload_content=False,
+                                                             _request_timeout=REQUEST_TIMEOUT_S)
+        else:
+            resp = self.coordination.replace_namespaced_lease(name, namespace, lease, _preload_content=False,
+                                                              _request_timeout=REQUEST_TIMEOUT_S)
+        return json.loads(resp.data)

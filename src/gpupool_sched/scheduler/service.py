@@ -1,0 +1,372 @@
+"""The scheduler service: watch → state (ledger) → queue → cycle (placement core) → binder → events.
+
+    kopf on.event (pods, nodes, PriorityClasses)
+          │
+          ▼
+    ClusterState ──(facts, snapshot)──▶ Cycle: decide() ──▶ Statement ──▶ Binder: gate → Binding
+          │                                 ▲                                  │
+          └──(cluster events)──▶ SchedulingQueue ◀──(backoff / park)───────────┘
+                                          │
+                                          └──▶ FailedScheduling Event + PodScheduled=False
+
+Everything runs on one asyncio loop (kopf's); only API calls leave it, on a thread pool. The state is
+rebuilt from a LIST of nodes and pods (their assignment and ack annotations) before the first cycle,
+so a restarted scheduler never hands out a device twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gpupool_sched.model.decision import Unschedulable
+from gpupool_sched.model.request import PodRequest
+from gpupool_sched.placement.fragmentation import cluster_fragmentation_milli
+from gpupool_sched.placement.framework import Policy
+from gpupool_sched.placement.registry import POLICIES, build_policy
+from gpupool_sched.placement.workload import RollingProfile
+from gpupool_sched.scheduler.binder import Binder, BindOutcome
+from gpupool_sched.scheduler.cycle import Cycle
+from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
+from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
+from gpupool_sched.scheduler.metrics import SchedulerMetrics
+from gpupool_sched.scheduler.podspec import InvalidPod, pod_revision
+from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, SchedulingQueue
+from gpupool_sched.scheduler.state import ClusterState, Phase
+
+log = logging.getLogger(__name__)
+
+# what may help a pod that fit nowhere (kube-scheduler's queueing hints)
+UNSCHEDULABLE_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED, ClusterEvent.GPU_FREED)
+NOT_YET_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED)  # unknown model / profile, too big a share
+PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    scheduler_name: str = "gpupool"
+    policy: str = "gpupool"
+    memory_unit_mib: int = 1024
+    percentage_of_nodes_to_score: int = 0  # 0: adaptive, as kube-scheduler
+    gate_timeout_s: float = 30.0
+    confirm_ttl_s: float = 60.0
+    bind_workers: int = 16
+    leader_elect: bool = False
+    lease_namespace: str = "kube-system"
+    lease_name: str = "gpupool-scheduler"
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+    identity: str = "gpupool"
+    profile_window: int = 2000
+    housekeeping_s: float = 1.0
+
+
+def _created(obj: dict[str, Any]) -> float:
+    text = (obj.get("metadata") or {}).get("creationTimestamp")
+    if not text:
+        return time.time()
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time()
+
+
+class SchedulerService:
+    def __init__(self, config: SchedulerConfig, api: KubeApi, metrics: SchedulerMetrics | None = None) -> None:
+        if config.policy not in POLICIES:
+            raise ValueError(f"unknown policy {config.policy!r}; choose one of: {', '.join(POLICIES)}")
+        self.config = config
+        self.api = api
+        api.component = config.scheduler_name
+        api.identity = config.identity
+        self.metrics = metrics or SchedulerMetrics()
+        self.state = ClusterState(
+            config.scheduler_name, memory_unit_mib=config.memory_unit_mib,
+            gate_timeout_s=config.gate_timeout_s, confirm_ttl_s=config.confirm_ttl_s,
+        )
+        self.queue = SchedulingQueue()
+        self.profile = RollingProfile(window=config.profile_window)
+        self._policy: Policy | None = None
+        self._policy_version = -1
+        self.cycle = Cycle(self.state, self.current_policy,
+                           percentage_of_nodes_to_score=config.percentage_of_nodes_to_score)
+        self.leader: LeaderElector | AlwaysLeader = (
+            LeaderElector(api, config.lease_namespace, config.lease_name, config.identity,
+                          lease_duration_s=config.lease_duration_s, renew_deadline_s=config.renew_deadline_s,
+                          retry_period_s=config.retry_period_s)
+            if config.leader_elect else AlwaysLeader()
+        )
+        self.binder = Binder(self.state, api, self.queue, self.metrics,
+                             is_leader=lambda: self.leader.is_leader, on_bound=self._bound)
+        self.synced = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._side: set[asyncio.Task[None]] = set()
+        self._event_slots = asyncio.Semaphore(8)
+        self._pending: dict[str, dict[str, Any]] = {}  # uid -> latest object of our pending pods
+        self._observed: set[str] = set()  # UIDs whose request entered the workload profile
+        self.decisions = 0
+
+    # ---- policy / profile ----------------------------------------------------------------------
+    def current_policy(self) -> Policy:
+        profile = self.profile.profile()
+        if self._policy is None or self.profile.version != self._policy_version:
+            info = POLICIES[self.config.policy]
+            self._policy = build_policy(self.config.policy, profile if info.needs_profile else None)
+            self._policy_version = self.profile.version
+            self.metrics.profile_version.set(self.profile.version)
+        return self._policy
+
+    def _observe(self, uid: str, request: PodRequest) -> None:
+        if uid in self._observed:
+            return
+        self._observed.add(uid)
+        if len(self._observed) > 4 * self.config.profile_window:
+            self._observed.clear()
+        self.profile.observe(request)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    async def start(self, attempts: int = 5) -> None:
+        """Rebuild the state from a LIST of everything, then start leading / standing by and cycling."""
+        for attempt in range(attempts):
+            try:
+                await self.resync()
+                break
+            except ApiError as exc:
+                if attempt == attempts - 1:
+                    raise
+                log.warning("listing the cluster failed (%s); retrying", exc)
+                await asyncio.sleep(2**attempt)
+        self.synced.set()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self.leader.run(), name="leader"),
+            loop.create_task(self._cycle_loop(), name="cycle"),
+            loop.create_task(self._housekeeping(), name="housekeeping"),
+        ]
+        log.info("scheduler %s started: %d nodes, %d pods in the ledger, %d pending",
+                 self.config.scheduler_name, len(self.state.nodes), len(self.state.pods), len(self.queue))
+
+    async def resync(self) -> None:
+        classes, _ = await self.api.list_raw(PRIORITY_CLASSES)
+        for obj in classes:
+            self.on_priority_class("ADDED", obj)
+        nodes, _ = await self.api.list_raw("/api/v1/nodes")
+        for obj in nodes:
+            self.on_node("ADDED", obj)
+        pods, _ = await self.api.list_raw("/api/v1/pods")
+        for obj in pods:
+            self.on_pod("ADDED", obj)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.binder.drain()
+        await self.leader.release()
+        for task in list(self._side):
+            task.cancel()
+
+    # ---- watch events (called by kopf handlers and by resync) ------------------------------------
+    def on_priority_class(self, kind: str | None, obj: dict[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if not name:
+            return
+        if kind == "DELETED":
+            self.state.priority_classes.pop(name, None)
+        else:
+            try:
+                self.state.priority_classes[name] = int(obj.get("value", 0))
+            except (TypeError, ValueError):
+                log.warning("PriorityClass %s has a non-integer value", name)
+
+    def on_node(self, kind: str | None, obj: dict[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if not name:
+            return
+        if kind == "DELETED":
+            self.state.delete_node(name)
+            self.metrics.nodes.set(len(self.state.nodes))
+            return
+        event = self.state.apply_node(obj)
+        if event is not None:
+            self.metrics.nodes.set(len(self.state.nodes))
+            self.queue.on_event(event)
+
+    def on_pod(self, kind: str | None, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        update = self.state.apply_pod(obj, deleted=kind == "DELETED")
+        if update.gone:
+            self._pending.pop(uid, None)
+            self.queue.delete(uid)
+            entry = self.state.pods.get(uid)
+            if entry is not None and not entry.ours:
+                self._observe(uid, entry.request)
+        if update.freed:
+            self.queue.on_event(ClusterEvent.GPU_FREED)
+        if update.gate_released:
+            self.binder.gate_released(update.gate_released)
+        if update.pending_ours:
+            log.debug("pod %s/%s pending (%s)", meta.get("namespace"), meta.get("name"), kind)
+            self._pending[uid] = obj
+            priority = obj.get("spec", {}).get("priority")
+            if not isinstance(priority, int):
+                priority = self.state.priority_classes.get(obj.get("spec", {}).get("priorityClassName") or "", 0)
+            item = QueuedPod(uid=uid, key=f"{meta.get('namespace')}/{meta.get('name')}", priority=priority,
+                             created=_created(obj), payload=None, revision=pod_revision(obj))
+            self.queue.add(item)
+
+    # ---- the cycle -----------------------------------------------------------------------------
+    async def _cycle_loop(self) -> None:
+        await self.synced.wait()
+        while True:
+            if not self.leader.is_leader:
+                await asyncio.sleep(0.2)
+                continue
+            item = self.queue.pop()
+            if item is None:
+                await self.queue.wait(timeout=1.0)
+                continue
+            try:
+                self.schedule_one(item)
+            except Exception:  # nothing a pod says may stop the loop
+                log.exception("scheduling %s failed unexpectedly", item.key)
+                self.metrics.attempts.labels(result="error").inc()
+                self.queue.backoff(item)
+            self.decisions += 1
+            await asyncio.sleep(0)  # let watch events and binds in between decisions
+
+    def schedule_one(self, item: QueuedPod) -> None:
+        obj = self._pending.get(item.uid)
+        if obj is None or item.uid in self.state.pods:
+            self.queue.done(item.uid)
+            return
+        popped = time.monotonic()
+        log.debug("scheduling %s", item.key)
+        try:
+            plan = self.state.plan(obj)
+        except InvalidPod as exc:
+            self.metrics.attempts.labels(result="invalid").inc()
+            self.queue.park(item, () if exc.permanent else NOT_YET_HINTS)
+            self._report_unschedulable(obj, str(exc))
+            return
+        self._observe(plan.uid, plan.request)
+        result = self.cycle.schedule(plan)
+        self.metrics.algorithm_latency.observe(result.seconds)
+        if result.unschedulable is not None:
+            self.metrics.attempts.labels(result="unschedulable").inc()
+            self.queue.park(item, UNSCHEDULABLE_HINTS)
+            self._report_unschedulable(obj, _message(result.unschedulable))
+            return
+        assert result.statement is not None
+        for pod_plan, placement in result.statement.placements:
+            self.binder.submit(pod_plan, placement, item, popped)
+
+    def _bound(self, outcome: BindOutcome, item: QueuedPod) -> None:
+        if outcome.ok:
+            self.queue.done(item.uid)
+            plan = outcome.plan
+            self._side_task(self._post_event(
+                plan.namespace, plan.name, plan.uid, "Normal", "Scheduled",
+                f"Successfully assigned {plan.key} to {outcome.node}"))
+
+    def _report_unschedulable(self, obj: dict[str, Any], message: str) -> None:
+        meta = obj.get("metadata") or {}
+        ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+        log.info("pod %s/%s: %s", ns, name, message)
+        self._side_task(self._post_unschedulable(ns, name, uid, message))
+
+    async def _post_unschedulable(self, ns: str, name: str, uid: str, message: str) -> None:
+        await self._post_event(ns, name, uid, "Warning", "FailedScheduling", message)
+        async with self._event_slots:
+            try:
+                await self.api.set_unschedulable(ns, name, message)
+            except ApiError as exc:
+                if exc.status != 404:
+                    log.warning("pod %s/%s: setting PodScheduled=False failed: %s", ns, name, exc)
+
+    async def _post_event(self, ns: str, name: str, uid: str, kind: str, reason: str, message: str) -> None:
+        async with self._event_slots:
+            try:
+                await self.api.post_event({"namespace": ns, "name": name, "uid": uid},
+                                          kind=kind, reason=reason, message=message)
+                self.metrics.events.labels(reason=reason, outcome="posted").inc()
+            except ApiError as exc:
+                self.metrics.events.labels(reason=reason, outcome="failed").inc()
+                if exc.status not in (404, 403):
+                    log.warning("event %s on %s/%s failed: %s", reason, ns, name, exc)
+
+    def _side_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
+
+    # ---- housekeeping: flush, expiry, gauges -----------------------------------------------------
+    async def _housekeeping(self) -> None:
+        tick = 0
+        while True:
+            await asyncio.sleep(self.config.housekeeping_s)
+            try:
+                self.queue.flush()
+                self.state.expire()
+                self._gauges(full=tick % 5 == 0)
+            except Exception:
+                log.exception("housekeeping failed")
+            tick += 1
+
+    def _gauges(self, full: bool) -> None:
+        m = self.metrics
+        m.leader.set(1 if self.leader.is_leader else 0)
+        m.queue_length.clear()
+        for (queue, priority), n in self.queue_lengths().items():
+            m.queue_length.labels(queue=queue, priority=str(priority)).set(n)
+        phases = Counter(e.phase.value for e in self.state.pods.values())
+        for phase in Phase:
+            m.ledger.labels(phase=phase.value).set(phases.get(phase.value, 0))
+        m.gate_timeouts.set(self.state.gate_timeouts)
+        if not full:
+            return
+        gpus: Counter[str] = Counter()
+        units: Counter[str] = Counter()
+        unit = self.config.memory_unit_mib
+        for e in self.state.pods.values():
+            for part in (e.placement, *e.placement.extras):
+                if part.gpu_indices and part.gpu_milli >= 1000:
+                    gpus[e.node] += len(part.gpu_indices)
+                elif part.gpu_memory_mib and part.gpu_indices:
+                    units[e.node] += part.gpu_memory_mib // unit
+        m.gpus_bound.clear()
+        m.memory_units_bound.clear()
+        for node in self.state.nodes:
+            m.gpus_bound.labels(node=node).set(gpus.get(node, 0))
+            m.memory_units_bound.labels(node=node).set(units.get(node, 0))
+        snap = self.state.snapshot
+        total = snap.total_gpu_milli
+        if total:
+            m.gpu_allocated.set(100.0 * snap.used_gpu_milli() / total)
+            frag = cluster_fragmentation_milli(snap, self.profile.profile())
+            m.fragmentation.set(100.0 * frag / total)
+
+    def queue_lengths(self) -> dict[tuple[str, int], int]:
+        out: dict[tuple[str, int], int] = {}
+        by_priority = self.queue.lengths_by_priority()
+        for priority, n in by_priority.items():
+            out[("pending", priority)] = n
+        return out
+
+    # ---- health ----------------------------------------------------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        if not self.synced.is_set():
+            return False, "caches not synced"
+        role = "leading" if self.leader.is_leader else "standing by"
+        return True, f"synced, {role}"
+
+
+def _message(decision: Unschedulable) -> str:
+    return decision.message

@@ -1,0 +1,465 @@
+"""The scheduler's live view of the cluster: nodes, and a ledger of every pod that holds resources.
+
+kube-scheduler's cache is the model. Every pod that holds (or is about to hold) CPU, memory or GPUs
+on a node has one ledger entry keyed by its UID:
+
+    ASSUMED    decided by our cycle; its Binding is being sent
+    BOUND      the API server accepted the Binding; the watch has not shown it yet
+    CONFIRMED  seen bound on the watch (our pods and everybody else's)
+
+An entry is *forgotten* (its resources released) when its bind fails, when the pod is deleted or
+ends, or when a BOUND entry is not confirmed within `confirm_ttl_s`. A UID is never assumed twice.
+
+The entries are accounted on one `ClusterSnapshot`, the placement core's data, which this class alone
+writes. Nodes are added, replaced and removed in place (`ClusterSnapshot.upsert_node/remove_node`);
+replacing a node re-applies only that node's entries. Everything runs on one thread (the scheduler's
+event loop), so every cycle decides on a consistent view.
+
+It also keeps the assignment handshake's per-(node, shape) gate (docs/handshake.md, rule 4): a pod
+with an assignment holds the gate of its node for its container shapes from bind until the device
+plugin's ack, the pod leaving Pending, its deletion, or `gate_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from gpupool_deviceplugin.handshake import Assignment, HandshakeError, parse_ack, parse_assignment
+from gpupool_sched.model.cluster import ClusterSnapshot, NodeSpec
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.model.request import PodRequest
+from gpupool_sched.scheduler.assignment import placement_from_annotations
+from gpupool_sched.scheduler.nodes import NodeView, node_view
+from gpupool_sched.scheduler.podspec import ClusterFacts, InvalidPod, PodPlan, plan_pod
+from gpupool_sched.scheduler.queue import ClusterEvent
+
+log = logging.getLogger(__name__)
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+Shape = tuple[str, int]
+
+
+class Phase(StrEnum):
+    ASSUMED = "assumed"
+    BOUND = "bound"
+    CONFIRMED = "confirmed"
+
+
+@dataclass(slots=True)
+class PodEntry:
+    uid: str
+    key: str
+    node: str
+    request: PodRequest
+    placement: Placement  # what is accounted on the node (GPU-less when the devices are unknown)
+    phase: Phase
+    ours: bool
+    since: float
+    resource_version: int = 0
+    shapes: frozenset[Shape] = frozenset()  # handshake shapes while the pod holds its node's gate
+    gate_since: float | None = None  # None: not holding the gate
+    applied: bool = False  # accounted on the snapshot (False while its node is unknown)
+    pending: bool = True  # pod phase Pending
+    unresolved: Mapping[str, Any] | None = None  # the pod, while its node is unknown (devices told later)
+
+
+@dataclass(frozen=True, slots=True)
+class PodUpdate:
+    """What one pod event changed, for the queue and the binder."""
+
+    pending_ours: bool = False  # a pod for our queue (not bound, not ended, not assumed)
+    gone: bool = False  # deleted, ended, or bound elsewhere: drop it from the queue
+    freed: bool = False  # resources on a node were released
+    gate_released: str | None = None  # node whose gate opened
+
+
+@dataclass(slots=True)
+class _Tombstone:
+    resource_version: int
+    at: float
+
+
+def resource_version(obj: Mapping[str, Any]) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+class ClusterState:
+    def __init__(
+        self,
+        scheduler_name: str,
+        *,
+        memory_unit_mib: int = 1024,
+        gate_timeout_s: float = 30.0,
+        confirm_ttl_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scheduler_name = scheduler_name
+        self.memory_unit_mib = memory_unit_mib
+        self.gate_timeout_s = gate_timeout_s
+        self.confirm_ttl_s = confirm_ttl_s
+        self.clock = clock
+        self.snapshot = ClusterSnapshot([])
+        self.nodes: dict[str, NodeView] = {}
+        self._node_signature: dict[str, tuple[Any, ...]] = {}
+        self._node_rv: dict[str, int] = {}
+        self.pods: dict[str, PodEntry] = {}
+        self.by_node: dict[str, set[str]] = defaultdict(set)
+        self._tombstones: dict[str, _Tombstone] = {}
+        self._pod_rv: dict[str, int] = {}
+        self.priority_classes: dict[str, int] = {}
+        self._facts: ClusterFacts | None = None
+        self.on_gate_release: Callable[[str], None] = lambda node: None
+        self.gate_timeouts = 0
+        self.unknown_devices = 0  # bound pods whose GPUs could not be told (accounted by a guess)
+
+    # ---- facts for planning pods ----------------------------------------------------------------
+    @property
+    def facts(self) -> ClusterFacts:
+        if self._facts is None:
+            models: set[str] = set()
+            profiles: set[str] = set()
+            units = 0
+            for view in self.nodes.values():
+                for gpu in view.spec.gpus:
+                    models.add(gpu.model)
+                    profiles.update(s.profile for s in gpu.mig_slices)
+                    if view.memory_shares and not gpu.mig_enabled:
+                        units = max(units, gpu.memory_mib // self.memory_unit_mib)
+            self._facts = ClusterFacts(self.memory_unit_mib, frozenset(models), frozenset(profiles), units)
+        return self._facts
+
+    def plan(self, obj: Mapping[str, Any]) -> PodPlan:
+        """A pending pod of ours as placement sees it (raises InvalidPod with the user-facing reason)."""
+        return plan_pod(obj, self.facts, self.priority_classes)
+
+    # ---- nodes -----------------------------------------------------------------------------------
+    def apply_node(self, obj: Mapping[str, Any]) -> ClusterEvent | None:
+        """A node was listed, added or changed; returns the queue event it amounts to, if any."""
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        rv = resource_version(obj)
+        if not name or rv < self._node_rv.get(name, 0):
+            return None
+        self._node_rv[name] = rv
+        status = obj.get("status") or {}
+        spec = obj.get("spec") or {}
+        signature = (
+            repr(status.get("allocatable") or status.get("capacity")),
+            repr(sorted((meta.get("labels") or {}).items())),
+            repr(spec.get("taints")),
+            bool(spec.get("unschedulable")),
+            (meta.get("annotations") or {}).get("gpupool.io/gpu-inventory"),
+        )
+        if self._node_signature.get(name) == signature:
+            return None  # a heartbeat: nothing placement cares about changed
+        self._node_signature[name] = signature
+        view = node_view(obj, self.memory_unit_mib)
+        if view.problem:
+            log.warning("node %s: %s; it is scheduled as a node without GPUs", name, view.problem)
+        return self.upsert_node(view)
+
+    def upsert_node(self, view: NodeView) -> ClusterEvent | None:
+        old = self.nodes.get(view.name)
+        if old is not None and old.spec == view.spec:
+            self.nodes[view.name] = view
+            return None
+        for uid in self.by_node.get(view.name, ()):
+            self.pods[uid].applied = False  # the node's row is reset below
+        self.snapshot.upsert_node(view.spec)
+        self.nodes[view.name] = view
+        self._facts = None
+        for uid in sorted(self.by_node.get(view.name, ())):
+            entry = self.pods[uid]
+            if entry.unresolved is not None:
+                obj, entry.unresolved = entry.unresolved, None
+                entry.request, entry.placement = self._holding(obj, view.name, view, *_handshake(obj, uid))
+            self._apply(entry)
+        if old is None:
+            return ClusterEvent.NODE_ADDED
+        return ClusterEvent.NODE_CHANGED
+
+    def delete_node(self, name: str) -> None:
+        self._node_signature.pop(name, None)
+        self._node_rv.pop(name, None)
+        if self.nodes.pop(name, None) is None:
+            return
+        self.snapshot.remove_node(name)
+        self._facts = None
+        for uid in self.by_node.get(name, ()):
+            self.pods[uid].applied = False  # kept: the pod may still exist, and so may the node again
+
+    # ---- pods: the watch -------------------------------------------------------------------------
+    def apply_pod(self, obj: Mapping[str, Any], deleted: bool = False) -> PodUpdate:
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not uid:
+            return PodUpdate()
+        rv = resource_version(obj)
+        tomb = self._tombstones.get(uid)
+        if tomb is not None:
+            return PodUpdate(gone=True)  # deleted or ended for good: nothing can revive a UID
+        if rv and rv < self._pod_rv.get(uid, 0):
+            return PodUpdate()  # an older view (e.g. a re-list that started before a bind)
+        self._pod_rv[uid] = rv
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        phase = status.get("phase") or "Pending"
+        if deleted or phase in TERMINAL_PHASES:
+            self._tombstones[uid] = _Tombstone(rv, self.clock())
+            self._pod_rv.pop(uid, None)
+            entry = self.pods.get(uid)
+            node = entry.node if entry else None
+            released = entry is not None and entry.gate_since is not None
+            self.forget(uid)
+            return PodUpdate(gone=True, freed=entry is not None, gate_released=node if released else None)
+        node = spec.get("nodeName")
+        ours = spec.get("schedulerName") == self.scheduler_name
+        entry = self.pods.get(uid)
+        if not node:
+            if entry is not None:
+                return PodUpdate()  # our own decision in flight
+            return PodUpdate(pending_ours=ours)
+        return self._observe_bound(uid, obj, str(node), ours, phase, rv)
+
+    def _observe_bound(self, uid: str, obj: Mapping[str, Any], node: str, ours: bool, phase: str, rv: int) -> PodUpdate:
+        assignment, ack = _handshake(obj, uid)
+        entry = self.pods.get(uid)
+        pending = phase == "Pending"
+        acked = ack is not None
+        released: str | None = None
+        if entry is not None and entry.node == node:
+            entry.phase = Phase.CONFIRMED
+            entry.resource_version = rv
+            entry.pending = pending
+            if acked:
+                # what the kubelet really allocated is the truth; re-account if it differs
+                self._account_from(entry, obj, node, None, ack)
+            if entry.gate_since is not None and (acked or not pending):
+                entry.gate_since = None
+                released = node
+            return PodUpdate(gone=True, gate_released=released)
+        if entry is not None:  # bound to another node than we assumed: trust the API server
+            self.forget(uid)
+        view = self.nodes.get(node)
+        request, placement = self._holding(obj, node, view, assignment, ack)
+        key = f"{(obj.get('metadata') or {}).get('namespace', '')}/{(obj.get('metadata') or {}).get('name', '')}"
+        entry = PodEntry(uid, key, node, request, placement, Phase.CONFIRMED, ours, self.clock(), rv, pending=pending)
+        if view is None:
+            entry.unresolved = obj
+        if assignment is not None and pending and not acked and assignment.pod_uid == uid:
+            entry.shapes = frozenset(assignment.shapes())
+            entry.gate_since = self.clock()  # e.g. after a restart: still waiting for the plugin
+        self.pods[uid] = entry
+        self.by_node[node].add(uid)
+        self._apply(entry)
+        return PodUpdate(gone=True)
+
+    def _holding(
+        self, obj: Mapping[str, Any], node: str, view: NodeView | None, assignment: Assignment | None, ack: Any
+    ) -> tuple[PodRequest, Placement]:
+        """What a bound pod holds: from its assignment or ack; else a guess on the node."""
+        try:
+            plan = plan_pod(obj, self.facts, self.priority_classes, strict=False)
+        except InvalidPod:
+            return PodRequest(name=str(obj.get("metadata", {}).get("name", "?"))), Placement(node=node)
+        request = plan.request
+        if view is None:
+            return request, Placement(node=node)  # accounted when the node shows up
+        found = placement_from_annotations(plan, view.spec, assignment, ack)
+        if isinstance(found, tuple):
+            request, found = found
+        if found is not None:
+            return request, found
+        if not (request.wants_gpu or request.wants_mig or request.extra):
+            return request, Placement(node=node)
+        return self._guess(request, node)
+
+    def _guess(self, request: PodRequest, node: str) -> tuple[PodRequest, Placement]:
+        """A GPU pod of another scheduler without an ack yet: reserve devices the way best-fit would,
+        so that nothing double-books them; the ack corrects the guess when it arrives."""
+        from gpupool_sched.model.constraints import NodeConstraints, Requirement
+        from gpupool_sched.placement.decide import decide
+        from gpupool_sched.placement.registry import build_policy
+
+        pinned = NodeConstraints(affinity_terms=((Requirement("metadata.name", "In", (node,)),),))
+        probe = PodRequest.of_shapes(
+            request.name, request.gpu_shapes(), gpu_models=request.gpu_models, constraints=pinned
+        )
+        decision = decide(self.snapshot, probe, build_policy("best-fit"))
+        self.unknown_devices += 1
+        if isinstance(decision, Placement):
+            return request, decision
+        log.warning("pod %s on %s holds GPUs that do not fit the node's free GPUs", request.name, node)
+        return _without_gpus(request), Placement(node=node)
+
+    def _account_from(self, entry: PodEntry, obj: Mapping[str, Any], node: str, assignment: Any, ack: Any) -> None:
+        view = self.nodes.get(node)
+        if view is None:
+            return
+        try:
+            plan = plan_pod(obj, self.facts, self.priority_classes, strict=False)
+        except InvalidPod:
+            return
+        found = placement_from_annotations(plan, view.spec, assignment, ack)
+        request = plan.request
+        if isinstance(found, tuple):
+            request, found = found
+        if found is None or (_devices(found) == _devices(entry.placement)):
+            return
+        log.info("pod %s: the kubelet allocated %s, accounted %s; following the kubelet",
+                 entry.key, _devices(found), _devices(entry.placement))
+        self._unapply(entry)
+        entry.request, entry.placement = request, found
+        self._apply(entry)
+
+    # ---- pods: the cycle --------------------------------------------------------------------------
+    def assume(self, plan: PodPlan, placement: Placement) -> PodEntry:
+        if plan.uid in self.pods:
+            raise ValueError(f"pod {plan.key} ({plan.uid}) is already in the ledger")
+        if plan.uid in self._tombstones:
+            raise ValueError(f"pod {plan.key} ({plan.uid}) is gone")
+        entry = PodEntry(plan.uid, plan.key, placement.node, plan.request, placement, Phase.ASSUMED, True, self.clock())
+        self.pods[plan.uid] = entry
+        self.by_node[placement.node].add(plan.uid)
+        self._apply(entry)
+        return entry
+
+    def hold_gate(self, uid: str, shapes: Iterable[Shape]) -> None:
+        entry = self.pods[uid]
+        entry.shapes = frozenset(shapes)
+        entry.gate_since = self.clock()
+
+    def gate_blocker(self, uid: str, node: str, shapes: frozenset[Shape]) -> PodEntry | None:
+        """An unacknowledged pod on `node` sharing a shape with `shapes` (then `uid` must wait)."""
+        now = self.clock()
+        for other_uid in self.by_node.get(node, ()):
+            if other_uid == uid:
+                continue
+            other = self.pods[other_uid]
+            if other.gate_since is None or not (other.shapes & shapes):
+                continue
+            if now - other.gate_since >= self.gate_timeout_s:
+                log.warning("pod %s: no ack from the device plugin on %s after %.0fs; opening its gate",
+                            other.key, node, now - other.gate_since)
+                other.gate_since = None
+                self.gate_timeouts += 1
+                continue
+            return other
+        return None
+
+    def gate_deadline(self, blocker: PodEntry) -> float:
+        return (blocker.gate_since or self.clock()) + self.gate_timeout_s - self.clock()
+
+    def mark_bound(self, uid: str) -> None:
+        entry = self.pods.get(uid)
+        if entry is not None and entry.phase is Phase.ASSUMED:
+            entry.phase = Phase.BOUND
+            entry.since = self.clock()
+
+    def forget(self, uid: str) -> PodEntry | None:
+        entry = self.pods.pop(uid, None)
+        if entry is None:
+            return None
+        self._unapply(entry)
+        uids = self.by_node.get(entry.node)
+        if uids is not None:
+            uids.discard(uid)
+            if not uids:
+                del self.by_node[entry.node]
+        if entry.gate_since is not None:
+            entry.gate_since = None
+            self.on_gate_release(entry.node)
+        return entry
+
+    def expire(self) -> list[PodEntry]:
+        """BOUND entries whose bind the watch never showed (kube-scheduler's assumed-pod expiry)."""
+        now = self.clock()
+        stale = [e for e in self.pods.values() if e.phase is Phase.BOUND and now - e.since > self.confirm_ttl_s]
+        for entry in stale:
+            log.warning("pod %s: bound %.0fs ago but never seen bound; forgetting it", entry.key, now - entry.since)
+            self.forget(entry.uid)
+        cutoff = now - 600.0
+        for uid in [u for u, t in self._tombstones.items() if t.at < cutoff]:
+            del self._tombstones[uid]
+        return stale
+
+    # ---- accounting ------------------------------------------------------------------------------
+    def _apply(self, entry: PodEntry) -> None:
+        if entry.applied or entry.node not in self.nodes:
+            return
+        spec = self.nodes[entry.node].spec
+        if not _fits_layout(entry.placement, spec):
+            log.warning("pod %s holds devices node %s no longer has; accounting it without GPUs", entry.key, spec.name)
+            entry.request, entry.placement = _without_gpus(entry.request), Placement(node=entry.node)
+        self.snapshot.assume(entry.request, entry.placement)
+        entry.applied = True
+
+    def _unapply(self, entry: PodEntry) -> None:
+        if entry.applied and entry.node in self.nodes:
+            self.snapshot.release(entry.request, entry.placement)
+        entry.applied = False
+
+    # ---- views -----------------------------------------------------------------------------------
+    def entries(self, node: str | None = None) -> Iterator[PodEntry]:
+        if node is None:
+            yield from self.pods.values()
+        else:
+            for uid in self.by_node.get(node, ()):
+                yield self.pods[uid]
+
+    def node_spec(self, name: str) -> NodeSpec | None:
+        view = self.nodes.get(name)
+        return view.spec if view else None
+
+    def is_gone(self, uid: str) -> bool:
+        return uid in self._tombstones
+
+
+def _handshake(obj: Mapping[str, Any], uid: str) -> tuple[Assignment | None, Any]:
+    """(assignment, complete ack) of a bound pod; the ack, when complete, is what the kubelet allocated
+    and wins over the assignment."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    try:
+        ack = parse_ack(annotations)
+    except HandshakeError:
+        ack = None
+    try:
+        assignment = parse_assignment(annotations)
+    except HandshakeError:
+        assignment = None
+    if ack is not None and ack.complete and ack.pod_uid == uid and not ack.error:
+        return None, ack
+    return (assignment if assignment is not None and assignment.pod_uid == uid else None), None
+
+
+def _devices(p: Placement) -> tuple[Any, ...]:
+    parts = (p, *p.extras)
+    return tuple((q.gpu_indices, q.gpu_milli, q.gpu_memory_mib, q.mig_devices) for q in parts)
+
+
+def _without_gpus(request: PodRequest) -> PodRequest:
+    return PodRequest(
+        name=request.name, cpu_milli=request.cpu_milli, memory_mib=request.memory_mib,
+        priority=request.priority, kind=request.kind, namespace=request.namespace,
+    )
+
+
+def _fits_layout(placement: Placement, spec: NodeSpec) -> bool:
+    mig = {s.uuid for g in spec.gpus for s in g.mig_slices}
+    for part in (placement, *placement.extras):
+        if any(j >= len(spec.gpus) for j in part.gpu_indices):
+            return False
+        if any(d not in mig for d in part.mig_devices):
+            return False
+    return True
+
+

@@ -1,0 +1,94 @@
+"""kopf wiring: the watches that feed the scheduler, and nothing that writes to watched objects.
+
+Only `@kopf.on.event` handlers are used: they store nothing on the objects (no finalizers, no
+last-handled-configuration annotations, unlike on.create/update, daemons and timers). kopf runs
+standalone (no peering objects), posts no Events of its own, and its per-object batching window is
+shortened so that binds and acks reach the state within milliseconds. The service's own loops start
+from `on.startup`, after a full LIST has rebuilt the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from gpupool_sched.scheduler.service import SchedulerService
+
+log = logging.getLogger(__name__)
+
+
+def build_registry(service: SchedulerService) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False
+        settings.peering.standalone = True
+        settings.scanning.disabled = True  # no CRD/namespace scans: RBAC stays what the scheduler uses
+        settings.queueing.worker_limit = None
+        settings.batching.batch_window = 0.001
+        settings.batching.idle_timeout = 30.0
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.watching.reconnect_backoff = 0.5
+        settings.networking.request_timeout = 60
+        try:
+            await service.start()
+        except Exception as exc:  # kopf would retry the activity forever; a scheduler that cannot start exits
+            raise kopf.PermanentError(f"cannot start: {exc}") from exc
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        await service.stop()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(service.api.api_client.configuration)
+
+    @kopf.on.event("", "v1", "pods", registry=registry)
+    def pod_event(event: kopf.RawEvent, **_: Any) -> None:
+        service.on_pod(event.get("type"), event["object"])  # type: ignore[arg-type]
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    def node_event(event: kopf.RawEvent, **_: Any) -> None:
+        service.on_node(event.get("type"), event["object"])  # type: ignore[arg-type]
+
+    @kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses", registry=registry)
+    def priority_class_event(event: kopf.RawEvent, **_: Any) -> None:
+        service.on_priority_class(event.get("type"), event["object"])  # type: ignore[arg-type]
+
+    return registry
+
+
+def connection_info(cfg: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials from the kubernetes client's configuration (whatever file or in-cluster
+    account it was loaded from), so both talk to the same server as the same user."""
+    if getattr(cfg, "refresh_api_key_hook", None) is not None:
+        cfg.refresh_api_key_hook(cfg)  # in-cluster: the projected service-account token rotates
+    auth = (cfg.api_key or {}).get("BearerToken") or (cfg.api_key or {}).get("authorization")
+    token = auth.split(" ", 1)[1] if auth and auth.lower().startswith("bearer ") else auth
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
+
+
+async def run_operator(service: SchedulerService, stop: asyncio.Event) -> None:
+    """kopf's operator, cluster-wide, until `stop` is set."""
+    for name in ("kopf.objects", "kopf.activities.startup", "kopf.activities.cleanup"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    await kopf.operator(
+        registry=build_registry(service),
+        standalone=True,
+        clusterwide=True,
+        stop_flag=stop,
+    )

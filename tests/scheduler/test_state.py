@@ -1,0 +1,253 @@
+"""The scheduler's ledger and live snapshot, fed with the JSON the API server would send."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpupool_deviceplugin.handshake import (
+    AllocationAck,
+    ack_annotations,
+    assignment_annotations,
+)
+from gpupool_deviceplugin.publication import node_publication_for_profile
+from gpupool_sched.model.cluster import ClusterSnapshot
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.placement.decide import decide
+from gpupool_sched.placement.registry import build_policy
+from gpupool_sched.scheduler.assignment import build_assignment
+from gpupool_sched.scheduler.cycle import Cycle
+from gpupool_sched.scheduler.nodes import NodeView
+from gpupool_sched.scheduler.state import ClusterState, Phase
+
+_uids = itertools.count()
+_rv = itertools.count(100)
+
+
+def node_obj(name: str, profile: str = "l40s-pcie", **spec: Any) -> dict[str, Any]:
+    pub = node_publication_for_profile(profile, node_name=name)
+    resources = {**pub.host_capacity, **pub.capacity}
+    return {
+        "metadata": {"name": name, "labels": dict(pub.labels), "annotations": dict(pub.annotations),
+                     "resourceVersion": str(next(_rv))},
+        "spec": dict(spec),
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+
+
+def pod_obj(
+    name: str, *, gpus: int = 0, units: int = 0, node: str | None = None, scheduler: str = "gpupool",
+    phase: str = "Pending", uid: str | None = None, annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    limits = {}
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    if units:
+        limits["nvidia.com/gpu-memory"] = str(units)
+    spec: dict[str, Any] = {"schedulerName": scheduler, "containers": [
+        {"name": "main", "resources": {"limits": limits, "requests": {"cpu": "1", "memory": "1Gi", **limits}}}]}
+    if node:
+        spec["nodeName"] = node
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": uid or f"uid-{next(_uids)}",
+                     "resourceVersion": str(next(_rv)), "creationTimestamp": "2026-11-30T10:00:00Z",
+                     "annotations": dict(annotations or {})},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def bump(obj: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    new = copy.deepcopy(obj)
+    new["metadata"]["resourceVersion"] = str(next(_rv))
+    for key, value in changes.items():
+        if key == "phase":
+            new["status"]["phase"] = value
+        elif key == "node":
+            new["spec"]["nodeName"] = value
+        elif key == "annotations":
+            new["metadata"]["annotations"].update(value)
+    return new
+
+
+def free_gpus(state: ClusterState, node: str) -> list[int]:
+    i = state.snapshot.index[node]
+    n = len(state.nodes[node].spec.gpus)
+    return [int(x) for x in state.snapshot.free_milli[i, :n]]
+
+
+@pytest.fixture
+def state() -> ClusterState:
+    s = ClusterState("gpupool")
+    s.apply_node(node_obj("n1"))
+    s.apply_node(node_obj("n2"))
+    return s
+
+
+def schedule(state: ClusterState, obj: dict[str, Any]) -> Placement:
+    plan = state.plan(obj)
+    result = Cycle(state, lambda: build_policy("best-fit")).schedule(plan)
+    assert result.statement is not None, result.unschedulable
+    return result.statement.placements[0][1]
+
+
+def test_assume_twice_is_refused_and_forget_releases(state: ClusterState) -> None:
+    obj = pod_obj("a", gpus=2)
+    placement = schedule(state, obj)
+    assert state.pods[obj["metadata"]["uid"]].phase is Phase.ASSUMED
+    assert sorted(free_gpus(state, placement.node)).count(0) == 2
+    with pytest.raises(ValueError, match="already in the ledger"):
+        state.assume(state.plan(obj), placement)
+    state.forget(obj["metadata"]["uid"])
+    assert free_gpus(state, placement.node) == [1000] * 4
+    assert obj["metadata"]["uid"] not in state.pods
+
+
+def test_bound_pod_rebuilds_from_its_assignment_and_ack_corrects(state: ClusterState) -> None:
+    """After a restart the ledger comes from annotations: the assignment, then the kubelet's ack."""
+    obj = pod_obj("a", gpus=1)
+    plan = state.plan(obj)
+    spec = state.nodes["n1"].spec
+    assignment = build_assignment(plan, Placement(node="n1", gpu_indices=(2,), gpu_milli=1000,
+                                                  gpu_memory_mib=spec.gpus[2].memory_mib), spec)
+    fresh = ClusterState("gpupool")
+    fresh.apply_node(node_obj("n1"))
+    bound = bump(obj, node="n1", annotations=assignment_annotations(assignment))
+    fresh.apply_pod(bound)
+    assert free_gpus(fresh, "n1") == [1000, 1000, 0, 1000]
+    assert fresh.pods[plan.uid].gate_since is not None  # pending, not acknowledged: holds its gate
+    # the plugin acknowledges GPU 3 instead (the kubelet's choice wins)
+    ack = AllocationAck(node="n1", pod_uid=plan.uid, containers={"main": {"nvidia.com/gpu": (spec.gpus[3].uuid,)}},
+                        complete=True)
+    update = fresh.apply_pod(bump(bound, annotations=ack_annotations(ack)))
+    assert update.gate_released == "n1"
+    assert free_gpus(fresh, "n1") == [1000, 1000, 1000, 0]
+
+
+def test_stale_events_never_move_state_backwards(state: ClusterState) -> None:
+    obj = pod_obj("a", gpus=1, node="n1", scheduler="other")
+    older = copy.deepcopy(obj)
+    state.apply_pod(bump(obj, phase="Running"))
+    assert sum(1 for f in free_gpus(state, "n1") if f == 0) == 1
+    deleted = bump(obj)
+    state.apply_pod(deleted, deleted=True)
+    assert free_gpus(state, "n1") == [1000] * 4
+    state.apply_pod(older)  # a re-list that started before the deletion
+    assert free_gpus(state, "n1") == [1000] * 4
+    assert state.is_gone(obj["metadata"]["uid"])
+
+
+def test_foreign_gpu_pod_without_ack_is_reserved_somewhere(state: ClusterState) -> None:
+    obj = pod_obj("theirs", gpus=3, node="n2", scheduler="default-scheduler")
+    state.apply_pod(obj)
+    assert sorted(free_gpus(state, "n2")) == [0, 0, 0, 1000]
+    assert state.unknown_devices == 1
+
+
+def test_node_replaced_keeps_its_pods_and_removed_node_hides_them(state: ClusterState) -> None:
+    obj = pod_obj("a", gpus=2, node="n1", scheduler="other")
+    state.apply_pod(obj)
+    node = node_obj("n1")
+    node["spec"]["taints"] = [{"key": "k", "value": "v", "effect": "NoSchedule"}]
+    state.apply_node(node)
+    assert sorted(free_gpus(state, "n1")) == [0, 0, 1000, 1000]
+    assert state.snapshot.nodes[state.snapshot.index["n1"]].taints
+    state.delete_node("n1")
+    assert "n1" not in state.snapshot.index
+    assert not state.pods[obj["metadata"]["uid"]].applied
+    state.apply_node(node_obj("n1"))  # it comes back: its pod is accounted again
+    assert sorted(free_gpus(state, "n1")) == [0, 0, 1000, 1000]
+
+
+def test_heartbeat_does_not_touch_the_snapshot(state: ClusterState) -> None:
+    version = state.snapshot.version.copy()
+    node = node_obj("n1")
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "now"}]
+    assert state.apply_node(node) is None
+    assert np.array_equal(state.snapshot.version, version)
+
+
+def test_gate_blocks_same_shape_until_ack_or_running(state: ClusterState) -> None:
+    a, b, c = pod_obj("a", gpus=1), pod_obj("b", gpus=1), pod_obj("c", gpus=2)
+    pa = schedule(state, a)
+    state.hold_gate(a["metadata"]["uid"], {("nvidia.com/gpu", 1)})
+    assert state.gate_blocker(b["metadata"]["uid"], pa.node, frozenset({("nvidia.com/gpu", 1)})) is not None
+    assert state.gate_blocker(c["metadata"]["uid"], pa.node, frozenset({("nvidia.com/gpu", 2)})) is None
+    state.mark_bound(a["metadata"]["uid"])
+    released = state.apply_pod(bump(a, node=pa.node, phase="Running"))
+    assert released.gate_released == pa.node
+    assert state.gate_blocker(b["metadata"]["uid"], pa.node, frozenset({("nvidia.com/gpu", 1)})) is None
+
+
+def test_gate_times_out() -> None:
+    now = [0.0]
+    s = ClusterState("gpupool", gate_timeout_s=5.0, clock=lambda: now[0])
+    s.apply_node(node_obj("n1"))
+    a = pod_obj("a", gpus=1)
+    schedule(s, a)
+    s.hold_gate(a["metadata"]["uid"], {("nvidia.com/gpu", 1)})
+    assert s.gate_blocker("other", "n1", frozenset({("nvidia.com/gpu", 1)})) is not None
+    now[0] = 6.0
+    assert s.gate_blocker("other", "n1", frozenset({("nvidia.com/gpu", 1)})) is None
+    assert s.gate_timeouts == 1
+
+
+def test_bound_but_never_seen_expires() -> None:
+    now = [0.0]
+    s = ClusterState("gpupool", confirm_ttl_s=10.0, clock=lambda: now[0])
+    s.apply_node(node_obj("n1"))
+    a = pod_obj("a", gpus=4)
+    schedule(s, a)
+    s.mark_bound(a["metadata"]["uid"])
+    now[0] = 11.0
+    assert [e.key for e in s.expire()] == ["ns/a"]
+    assert free_gpus(s, "n1") == [1000] * 4
+
+
+def test_scheduler_state_decides_exactly_as_the_simulator() -> None:
+    """The same small trace through the simulator's replay and through the scheduler's state and cycle."""
+    from gpupool_sched.placement.fragmentation import WorkloadProfile
+    from gpupool_sched.scheduler.podspec import PodPlan
+    from gpupool_sched.simulate.replay import replay
+    from gpupool_sched.simulate.trace import read_trace
+
+    trace = read_trace()
+    nodes = list(trace.nodes[:60])
+    pods = list(trace.pods[:400])
+    profile = WorkloadProfile.from_requests(trace.pods, spec_of=trace.spec_of)
+    policy = build_policy("gpupool", profile)
+    expected = replay(nodes, pods, policy, profile, seed=3)
+
+    plain = ClusterSnapshot(nodes)
+    rng = np.random.default_rng(3)
+    sim_decisions = []
+    for request in pods:
+        d = decide(plain, request, policy, rng)
+        if isinstance(d, Placement):
+            plain.assume(request, d)
+            sim_decisions.append((d.node, d.gpu_indices, d.gpu_milli))
+        else:
+            sim_decisions.append(None)
+
+    state = ClusterState("gpupool")
+    for spec in reversed(nodes):  # arrival order of nodes must not matter
+        state.upsert_node(NodeView(spec, None, None, None, False))
+    cycle = Cycle(state, lambda: policy, seed=3)
+    got = []
+    for i, request in enumerate(pods):
+        plan = PodPlan(uid=f"p{i}", namespace="ns", name=request.name, created=float(i), priority=0,
+                       request=request, containers=(), memory_unit_mib=1024)
+        result = cycle.schedule(plan)
+        if result.statement is None:
+            got.append(None)
+            continue
+        d = result.statement.placements[0][1]
+        got.append((d.node, d.gpu_indices, d.gpu_milli))
+    assert got == sim_decisions
+    assert [g is None for g in got] == expected.failed.tolist()
+    used = [sum(p.gpu_milli * len(p.gpu_indices) for p in (e.placement,)) for e in state.pods.values()]
+    assert sum(used) == int(expected.used_milli[-1])

@@ -1,0 +1,94 @@
+"""Small things a new user trips on: `gpupool --version`, `make help`, a sub-command whose extra is missing."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import re
+import shutil
+import subprocess
+import types
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import gpupool_sched
+import gpupool_sched.cli as gpupool_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = gpupool_cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 2
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_version_is_the_installed_distributions() -> None:
+    code, out, _ = run(["--version"])
+    assert code == 0
+    assert out.strip() == f"gpupool {metadata.version('gpupool')}"
+    assert metadata.version("gpupool") == gpupool_sched.__version__  # pyproject and the package agree
+
+
+@pytest.fixture
+def without_dev_extras(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if `pip install gpupool` had run without `[dev]`: the dev cluster's module cannot import."""
+
+    def import_module(name: str) -> types.ModuleType:
+        if name == "gpupool_sched.devcluster.cli":
+            raise ModuleNotFoundError("No module named 'cryptography'", name="cryptography")
+        return importlib.import_module(name)
+
+    monkeypatch.setattr(gpupool_cli, "importlib", types.SimpleNamespace(import_module=import_module))
+
+
+@pytest.mark.parametrize("argv", [
+    ["dev-cluster", "--help"],
+    ["dev-cluster", "-h"],
+    ["dev-cluster", "up", "--name", "demo"],
+    ["dev-cluster"],
+])
+def test_a_command_whose_extra_is_missing_names_the_extra(without_dev_extras, argv: list[str]) -> None:
+    code, _, err = run(argv)
+    assert code == 2
+    assert err.strip() == ("gpupool dev-cluster: error: needs the 'dev' extra (Python package 'cryptography' is not "
+                           "installed): pip install 'gpupool[dev]'")
+    assert "unrecognized arguments" not in err
+
+
+def test_the_missing_extra_shows_in_the_command_list(without_dev_extras) -> None:
+    code, out, _ = run(["--help"])
+    assert code == 0
+    assert "(unavailable: cryptography is not installed; pip install 'gpupool[dev]')" in " ".join(out.split())
+    assert "simulate" in out
+
+
+def makefile_targets() -> dict[str, str]:
+    """Target -> the line that defines it."""
+    text = (ROOT / "Makefile").read_text()
+    return {m.group(1): m.group(0) for m in re.finditer(r"^([a-zA-Z][a-zA-Z0-9_-]*):(?!=).*$", text, re.MULTILINE)}
+
+
+def test_every_make_target_has_a_description() -> None:
+    targets = makefile_targets()
+    assert {"help", "fmt", "clean", "simulate", "test"} <= set(targets)
+    assert [t for t, line in targets.items() if "## " not in line] == []
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+def test_make_help_lists_every_target_with_a_description() -> None:
+    out = subprocess.run(["make", "-s", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    listed = dict(re.findall(r"^  (\S+)\s+(.+)$", out, flags=re.MULTILINE))
+    assert list(listed) == list(makefile_targets())
+    undescribed = [t for t, d in listed.items() if d == "(no description)"]
+    assert not undescribed, f"targets without a `## ` description: {undescribed}"
+    phony = re.search(r"^\.PHONY:((?:.*\\\n)*.*)$", (ROOT / "Makefile").read_text(), flags=re.MULTILINE)
+    assert phony and set(phony.group(1).replace("\\", " ").split()) <= set(listed)
