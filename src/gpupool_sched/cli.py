@@ -8,7 +8,7 @@ import sys
 from importlib import metadata
 
 import gpupool_sched
-from gpupool_sched.errors import UserError
+from gpupool_sched.errors import OneLineParser, UserError
 
 __all__ = ["UserError", "build_parser", "main", "version"]
 
@@ -30,7 +30,7 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpupool", description="gpupool: one GPU pool for training and inference")
+    parser = OneLineParser(prog="gpupool", description="gpupool: one GPU pool for training and inference")
     parser.add_argument("--version", action="version", version=f"gpupool {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, extra in SUBCOMMANDS.items():

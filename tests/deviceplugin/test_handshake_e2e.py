@@ -229,3 +229,15 @@ def test_node_labels_and_inventory_are_patched_only_when_they_change(kube, clust
         assert core.read_node(cluster.node).metadata.resource_version == version
     finally:
         second.stop()
+
+
+def test_hardware_fault_is_published_in_the_inventory(cluster: Cluster, kubelet: KubeletStandin, plugin) -> None:
+    """An Xid on a GPU reaches the Node's inventory annotation (`unhealthy`), where the scheduler reads it."""
+
+    def unhealthy() -> tuple[str, ...]:
+        node = cluster.core.read_node(cluster.node)
+        return parse_inventory(node.metadata.annotations[INVENTORY_ANNOTATION]).unhealthy
+
+    assert unhealthy() == ()
+    plugin.inject(uuid=cluster.uuids[1], xid=79)
+    eventually(lambda: unhealthy() == (cluster.uuids[1],), what="GPU 1 published as unhealthy")

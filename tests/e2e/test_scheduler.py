@@ -242,3 +242,38 @@ def test_deleted_gpu_pod_frees_its_gpus(kube: ClusterClient, namespace: str, log
         proc.stop()
         kube.delete_nodes([node])
 
+
+
+def test_gpu_reported_unhealthy_is_avoided_without_restart(
+    kube: ClusterClient, namespace: str, log_dir: Path
+) -> None:
+    """The device plugin lists failed GPUs in the node's inventory (`unhealthy`); the scheduler stops
+    placing pods there at once and resumes when the GPU is healthy again."""
+    pool = unique("health")
+    (node,) = add_pool_nodes(kube, pool, "l40s-pcie", 1)
+    proc = start_scheduler(kube, unique("health"), log_dir)
+
+    def publish_unhealthy(uuids: list[str]) -> None:
+        raw = read_json(kube.core.read_node(node, _preload_content=False))
+        inventory = parse_inventory(raw["metadata"]["annotations"]["gpupool.io/gpu-inventory"])
+        text = inventory.model_copy(update={"unhealthy": tuple(uuids)}).to_annotation()
+        discard(kube.core.patch_node(node, {"metadata": {"annotations": {"gpupool.io/gpu-inventory": text}}},
+                                     _preload_content=False))
+
+    try:
+        raw = read_json(kube.core.read_node(node, _preload_content=False))
+        uuids = [g.uuid for g in parse_inventory(raw["metadata"]["annotations"]["gpupool.io/gpu-inventory"]).gpus]
+        publish_unhealthy(uuids[:3])
+        wait_until(lambda: proc.metric("gpupool_scheduler_nodes") >= 1, 30, "the scheduler to see nodes")
+        create_pods(kube.core, namespace, [pod("first", proc.name, pool, gpus=1)])
+        (first,) = wait_bound(kube, namespace, 1)
+        assignment = parse_assignment(first["metadata"]["annotations"])
+        assert assignment is not None and assignment.containers[0].devices["nvidia.com/gpu"] == (uuids[3],)
+        create_pods(kube.core, namespace, [pod("second", proc.name, pool, gpus=1)])
+        wait_until(lambda: events_for(kube, namespace, "second", "FailedScheduling"), 30, "second unschedulable")
+        publish_unhealthy([])  # recovered
+        pods = wait_bound(kube, namespace, 2, timeout_s=30)
+        assert_no_oversubscription(kube, pods)
+    finally:
+        proc.stop()
+        kube.delete_nodes([node])

@@ -12,7 +12,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from gpupool_sched.errors import UserError
+from gpupool_sched.errors import OneLineParser, UserError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -117,10 +117,15 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("need --retry-period < --renew-deadline < --lease-duration")
     api_client, host = _kube_client(args.kubeconfig)
     api = KubeApi(api_client, workers=args.bind_workers, component=args.scheduler_name)
+    urllib3_log = logging.getLogger("urllib3")
+    level = urllib3_log.level
+    urllib3_log.setLevel(logging.ERROR)  # its retry warnings would bury the one line below
     try:
         version = api.server_version_sync(timeout_s=5.0)
     except Exception as exc:  # any failure to reach it is the user's to fix, in one line
-        raise UserError(f"cannot reach the API server at {host}: {_first_line(exc)}") from None
+        raise UserError(f"cannot reach the API server at {host}: {_root_cause(exc)}") from None
+    finally:
+        urllib3_log.setLevel(level)
     identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     config = SchedulerConfig(
         scheduler_name=args.scheduler_name,
@@ -169,13 +174,18 @@ async def _serve(config: object, api: object, metrics_port: int, metrics_address
             await runner.cleanup()
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
+def _root_cause(exc: BaseException) -> str:
+    """The innermost reason of a client error, e.g. `[Errno 111] Connection refused`."""
+    while getattr(exc, "reason", None) is not None and isinstance(exc.reason, BaseException):
+        exc = exc.reason
+    text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+    if "[Errno" in text:
+        text = text[text.index("[Errno"):].rstrip("')\"")
+    return text[:300]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpupool_sched")
+    parser = OneLineParser(prog="python -m gpupool_sched")
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

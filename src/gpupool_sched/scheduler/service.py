@@ -26,10 +26,10 @@ from typing import Any
 
 from gpupool_sched.model.decision import Unschedulable
 from gpupool_sched.model.request import PodRequest
-from gpupool_sched.placement.fragmentation import cluster_fragmentation_milli
+from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragmentation_milli
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.registry import POLICIES, build_policy
-from gpupool_sched.placement.workload import RollingProfile
+from gpupool_sched.placement.workload import RollingProfile, forget_profile, typical_gpu_memory_mib
 from gpupool_sched.scheduler.binder import Binder, BindOutcome
 from gpupool_sched.scheduler.cycle import Cycle
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
@@ -94,6 +94,7 @@ class SchedulerService:
         self.profile = RollingProfile(window=config.profile_window)
         self._policy: Policy | None = None
         self._policy_version = -1
+        self._profile_in_use: WorkloadProfile | None = None
         self.cycle = Cycle(self.state, self.current_policy,
                            percentage_of_nodes_to_score=config.percentage_of_nodes_to_score)
         self.leader: LeaderElector | AlwaysLeader = (
@@ -116,6 +117,9 @@ class SchedulerService:
     def current_policy(self) -> Policy:
         profile = self.profile.profile()
         if self._policy is None or self.profile.version != self._policy_version:
+            if self._profile_in_use is not None and self._profile_in_use is not profile:
+                forget_profile(self.state.snapshot, self._profile_in_use)  # its FGD caches
+            self._profile_in_use = profile
             info = POLICIES[self.config.policy]
             self._policy = build_policy(self.config.policy, profile if info.needs_profile else None)
             self._policy_version = self.profile.version
@@ -197,6 +201,8 @@ class SchedulerService:
         if event is not None:
             self.metrics.nodes.set(len(self.state.nodes))
             self.queue.on_event(event)
+            # memory shares enter FGD's task classes as milli-GPU of the cluster's typical GPU
+            self.profile.typical_gpu_memory_mib = typical_gpu_memory_mib(v.spec for v in self.state.nodes.values())
 
     def on_pod(self, kind: str | None, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}

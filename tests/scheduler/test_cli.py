@@ -1,0 +1,71 @@
+"""`gpupool scheduler` / `python -m gpupool_sched` start-up errors: one line on stderr, exit 2."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpupool_sched", *args], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kubeconfig(tmp_path: Path, server: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    return path
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--metrics-port", "70000"], "outside 0..65535"),
+    (["--policy", "nope"], "invalid choice"),
+    (["--percentage-of-nodes-to-score", "101"], "outside 0..100"),
+    (["--gate-timeout", "-1"], "must be positive"),
+    (["--kubeconfig", "/does/not/exist"], "does not exist"),
+    (["--kubeconfig", "/dev/null", "--leader-elect", "--retry-period", "20"], "--retry-period < --renew-deadline"),
+])
+def test_bad_flags(args: list[str], words: str) -> None:
+    assert words in one_error_line(run(*args))
+
+
+def test_unreachable_api_server(tmp_path: Path) -> None:
+    server = f"https://127.0.0.1:{unused_port()}"
+    line = one_error_line(run("--kubeconfig", str(kubeconfig(tmp_path, server)), "--metrics-port", "0"))
+    assert f"cannot reach the API server at {server}" in line
+
+
+def test_no_cluster_configured(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    assert "no cluster" in one_error_line(run(env=env))
+
+
+def test_gpupool_cli_has_the_scheduler() -> None:
+    result = subprocess.run([sys.executable, "-m", "gpupool_sched.cli", "scheduler", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "--leader-elect" in result.stdout
