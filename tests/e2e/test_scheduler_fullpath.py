@@ -9,7 +9,8 @@ watches the pods bound to its node (field selector spec.nodeName, as the kubelet
 in the order its bind arrives through the stand-in's DeviceManager, and marks it Running once the
 plugin's ack is on it (standing in for container start-up, so that the ack, not the phase, is what
 opens the gate). Every moment is recorded as the resourceVersion of the watch event that showed it:
-one etcd revision counter orders binds, acks and events exactly, with no clocks.
+one etcd revision counter (the dev cluster has a single etcd) orders binds, acks and events exactly,
+with no clocks.
 """
 
 from __future__ import annotations
@@ -399,11 +400,24 @@ def assert_gate_held(pods: list[dict[str, Any]], pool: Pool) -> None:
                         f"{earlier.key}'s ack (rv {earlier.ack_rv}, bound at {earlier.bind_rv})")
 
 
-def plugin_counter(plugin: PluginProcess, name: str) -> float:
-    """Sum of every sample of `name` on the plugin's /metrics."""
+def plugin_counter(plugin: PluginProcess, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` on the plugin's /metrics whose labels include `labels`."""
     _, text = plugin.http("/metrics")
-    return sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
-               if line.split("{")[0].split(" ")[0] == name)
+    total = 0.0
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if line.startswith("#") or head.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def preferred_sources(pool: Pool) -> dict[str, float]:
+    """GetPreferredAllocation answers of every plugin of the pool, by source (assignment / topology)."""
+    name = "gpupool_deviceplugin_preferred_allocations_total"
+    return {src: sum(plugin_counter(n.plugin, name, source=src) for n in pool.nodes.values())
+            for src in ("assignment", "topology")}
 
 
 def stop_scheduler(proc: SchedulerProcess) -> None:
@@ -416,6 +430,7 @@ def test_pods_get_exactly_their_assigned_devices_through_the_plugin(
     kube: ClusterClient, namespace: str, idle_pool: Pool, log_dir: Path
 ) -> None:
     pool = idle_pool
+    preferred_before = preferred_sources(pool)
     proc = start_scheduler(kube, unique("full"), log_dir)
     try:
         manifests = [pod("whole-1", proc.name, pool.name, gpus=1), pod("whole-2", proc.name, pool.name, gpus=2)]
@@ -454,6 +469,10 @@ def test_pods_get_exactly_their_assigned_devices_through_the_plugin(
         wait_until(ledger_agrees, 15, "the scheduler's per-node GPUs and units to match the acks", interval=0.2)
         assert proc.metric("gpupool_scheduler_gate_timeouts") == 0
         assert proc.metric("gpupool_scheduler_bind_failures_total") == 0
+        # every GetPreferredAllocation was answered from an assignment (one per container), none by topology
+        preferred = preferred_sources(pool)
+        assert preferred["assignment"] - preferred_before["assignment"] == len(manifests), preferred
+        assert preferred["topology"] == preferred_before["topology"], preferred
         for n in pool.nodes.values():
             assert plugin_counter(n.plugin, "gpupool_deviceplugin_handshake_ambiguous_total") == 0, n.name
             assert plugin_counter(n.plugin, "gpupool_deviceplugin_handshake_failures_total") == 0, n.name
