@@ -50,6 +50,8 @@ class SchedulerMetrics:
             "gpupool_scheduler_gate_timeouts", "Gates opened by timeout instead of an ack (since start)", registry=r)
         self.ledger = Gauge("gpupool_scheduler_ledger_pods", "Pods in the ledger by phase", ["phase"], registry=r)
         self.nodes = Gauge("gpupool_scheduler_nodes", "Nodes known to the scheduler", registry=r)
+        self.gpus = Gauge("gpupool_scheduler_gpus", "GPUs known to the scheduler, by health (the device plugin's "
+                          "inventory)", ["health"], registry=r)
         self.leader = Gauge("gpupool_scheduler_leader", "1 while this instance is the leader", registry=r)
         self.events = Counter(
             "gpupool_scheduler_events_posted", "Events posted by reason and outcome", ["reason", "outcome"],
