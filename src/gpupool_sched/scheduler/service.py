@@ -347,7 +347,8 @@ class SchedulerService:
                     gpus[e.node] += len(part.gpu_indices)
                 elif part.gpu_memory_mib and part.gpu_indices:
                     units[e.node] += part.gpu_memory_mib // unit
-        health = Counter("healthy" if g.healthy else "unhealthy" for v in self.state.nodes.values() for g in v.spec.gpus)
+        views = self.state.nodes.values()
+        health = Counter("healthy" if g.healthy else "unhealthy" for v in views for g in v.spec.gpus)
         for state in ("healthy", "unhealthy"):
             m.gpus.labels(health=state).set(health.get(state, 0))
         m.gpus_bound.clear()
