@@ -215,9 +215,18 @@ def test_constraints_cordon_taints_and_new_nodes(
         assert {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}["cpu-only"] == first
         # an 8-GPU pod waits for a node that has 8 GPUs, then binds to it
         wait_until(lambda: events_for(kube, namespace, "eight", "FailedScheduling"), 30, "eight unschedulable")
+        nodes_before = proc.metric("gpupool_scheduler_nodes")
         (dgx,) = add_pool_nodes(kube, pool, "dgx-h100", 1)
         pods = wait_bound(kube, namespace, 3, timeout_s=60)
         assert {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}["eight"] == dgx
+        # the 8-GPU node goes away: the next 8-GPU pod has nowhere to go, and the message says so
+        kube.core.delete_namespaced_pod("eight", namespace, grace_period_seconds=0)
+        kube.delete_nodes([dgx])
+        wait_until(lambda: proc.metric("gpupool_scheduler_nodes") == nodes_before, 30, "the node removal seen")
+        create_pods(kube.core, namespace, [pod("eight-again", proc.name, pool, gpus=8)])
+        wait_until(lambda: events_for(kube, namespace, "eight-again", "FailedScheduling"), 30, "eight-again waits")
+        message = events_for(kube, namespace, "eight-again", "FailedScheduling")[0]["message"]
+        assert "Insufficient nvidia.com/gpu" in message and dgx not in message, message
     finally:
         proc.stop()
         kube.delete_nodes([first, second, *[n for n in kube.created_nodes if n.startswith(pool)]])
