@@ -130,14 +130,15 @@ def test_init_container_before_the_app_shares_its_first_devices():
 
 
 def test_mig_devices_split_per_profile():
-    plan = plan_of([res("a", {MIG1: 1, MIG3: 1}), res("b", {MIG1: 2})], [res("i", {MIG1: 1})])
+    plan = plan_of([res("a", {MIG1: 1}), res("x", {MIG3: 1}), res("b", {MIG1: 2})], [res("i", {MIG1: 1})])
     assert plan.request.gpu_shapes() == (GpuShape(mig_profile="1g.10gb", mig_count=3),
                                          GpuShape(mig_profile="3g.40gb", mig_count=1))
     placement = Placement("mig-node", mig_devices=("MIG-d", "MIG-b", "MIG-c"),
                           extras=(Placement("mig-node", mig_devices=("MIG-a",)),))
     a = build_assignment(plan, placement, mig_node())
     assert [(c.name, c.devices) for c in a.containers] == [
-        ("i", {MIG1: ("MIG-d",)}), ("a", {MIG1: ("MIG-d",), MIG3: ("MIG-a",)}), ("b", {MIG1: ("MIG-b", "MIG-c")})]
+        ("i", {MIG1: ("MIG-d",)}), ("a", {MIG1: ("MIG-d",)}), ("x", {MIG3: ("MIG-a",)}),
+        ("b", {MIG1: ("MIG-b", "MIG-c")})]
     check_with_plugin(plan, a, mig_node())
 
 
@@ -232,8 +233,8 @@ def test_round_trip_of_the_worked_example():
         ([res("a", {GPU: 1}), res("b", {GPU: 2})], [res("w", {GPU: 1})]),
         ([res("a", {MEM: 7}), res("b", {MEM: 3})], [res("s", {MEM: 2}, "Always"), res("w", {MEM: 5})]),
         ([res("a", {GPU: 1}), res("b", {MEM: 10})], []),
-        ([res("a", {MIG1: 2, MIG3: 1})], [res("w", {MIG1: 1})]),
-        ([res("a", {GPU: 1, MIG1: 1})], []),
+        ([res("a", {MIG1: 2}), res("c", {MIG3: 1})], [res("w", {MIG1: 1})]),
+        ([res("a", {GPU: 1}), res("c", {MIG1: 1})], []),
     ],
 )
 def test_round_trip_through_decide_and_the_snapshot(containers, init):

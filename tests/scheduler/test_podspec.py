@@ -185,13 +185,25 @@ def test_memory_units_of_all_containers_share_one_gpu():
 
 
 def test_mig_devices_add_up_per_profile():
-    p = pod(ctr("a", limits={"nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1"}),
+    p = pod(ctr("a", limits={"nvidia.com/mig-1g.10gb": "2"}), ctr("c", limits={"nvidia.com/mig-3g.40gb": "1"}),
             ctr("b", limits={"nvidia.com/mig-1g.10gb": "1"}))
     plan = plan_pod(p, FACTS)
     assert plan.request.gpu_shapes() == (GpuShape(mig_profile="1g.10gb", mig_count=3),
                                          GpuShape(mig_profile="3g.40gb", mig_count=1))
-    assert plan.containers[0].mig == (("1g.10gb", 2), ("3g.40gb", 1))
+    assert plan.containers[0].mig == (("1g.10gb", 2),)
     assert plan.request.kind == WorkloadKind.INFERENCE
+
+
+@pytest.mark.parametrize("limits", [
+    {"nvidia.com/mig-1g.10gb": "2", "nvidia.com/mig-3g.40gb": "1"},
+    {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"},
+])
+def test_one_gpu_resource_per_container(limits: dict[str, str]) -> None:
+    """The kubelet keeps only one NVIDIA_VISIBLE_DEVICES per container (seen with the real devicemanager)."""
+    with pytest.raises(InvalidPod, match="one GPU resource only") as err:
+        plan_pod(pod(ctr("a", limits=limits)), FACTS)
+    assert err.value.permanent
+    plan_pod(pod(ctr("a", limits=limits)), FACTS, strict=False)  # a bound pod is still accounted
 
 
 def test_mixed_pod_from_the_handshake_worked_example():

@@ -314,6 +314,13 @@ def _container(
             amounts[resource] = n
     if gpus and units:
         f.bad(f"{who} asks for both {RESOURCE_GPU} and {RESOURCE_MEMORY}; put them in separate containers")
+    elif sum(1 for n in (gpus, units, *mig.values()) if n) > 1:
+        # each resource's Allocate answer sets NVIDIA_VISIBLE_DEVICES and the kubelet keeps only one of
+        # them, so the container would see only part of its devices (found with the real devicemanager)
+        kinds = [r for r, n in ((RESOURCE_GPU, gpus), (RESOURCE_MEMORY, units)) if n]
+        kinds += [f"{MIG_PREFIX}{p}" for p in sorted(mig)]
+        f.bad(f"{who} asks for {', '.join(kinds)}: a container gets devices of one GPU resource only "
+              "(the kubelet keeps one NVIDIA_VISIBLE_DEVICES); put them in separate containers")
     demand = ContainerDemand(name, init, sidecar, gpus, units, tuple(sorted(mig.items())))
     return demand, amounts
 
