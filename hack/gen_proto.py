@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Generate the kubelet device plugin v1beta1 Python stubs from proto/ (grpcio-tools).
+"""Generate the kubelet API Python stubs from proto/ (grpcio-tools): the device plugin API v1beta1 and
+the PodResources API v1.
 
-    python hack/gen_proto.py           # (re)write src/gpupool_deviceplugin/api/v1beta1/api_pb2*.py
+    python hack/gen_proto.py           # (re)write src/gpupool_deviceplugin/api/<api>/api_pb2*.py
     python hack/gen_proto.py --check   # exit 1 if the committed stubs differ from a fresh generation
                                        # (ignoring the generator's version stamps)
 
@@ -20,36 +21,46 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
-PROTO_FILE = "v1beta1/api.proto"
-OUT_DIR = ROOT / "src" / "gpupool_deviceplugin" / "api" / "v1beta1"
+API_DIR = ROOT / "src" / "gpupool_deviceplugin" / "api"
+# .proto paths under proto/; each one's stubs go to the same path under API_DIR
+PROTO_FILES = ("v1beta1/api.proto", "podresources/v1/api.proto")
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
-IMPORT_FROM = "from v1beta1 import api_pb2 as"
-IMPORT_TO = "from gpupool_deviceplugin.api.v1beta1 import api_pb2 as"
+INIT_DOC = '"""Generated kubelet API stubs (see proto/ and hack/gen_proto.py)."""\n'
+
+
+def _outputs(proto: str) -> tuple[str, str, str]:
+    """(directory relative to API_DIR, the gRPC module's import as protoc writes it, as we rewrite it)."""
+    folder = str(Path(proto).parent)
+    module = folder.replace("/", ".")
+    return folder, f"from {module} import api_pb2 as", f"from gpupool_deviceplugin.api.{module} import api_pb2 as"
 
 
 def generate() -> dict[str, str]:
-    """Run protoc in-process; return {file name: text} after the import rewrite."""
+    """Run protoc in-process; return {path relative to API_DIR: text} after the import rewrite."""
     from grpc_tools import protoc  # dev dependency, only needed here
 
     include = Path(protoc.__file__).parent / "_proto"
+    out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        rc = protoc.main([
-            "grpc_tools.protoc",
-            f"-I{PROTO_ROOT}",
-            f"-I{include}",
-            f"--python_out={tmp}",
-            f"--pyi_out={tmp}",
-            f"--grpc_python_out={tmp}",
-            str(PROTO_ROOT / PROTO_FILE),
-        ])
-        if rc != 0:
-            raise SystemExit(f"protoc failed with exit code {rc}")
-        out = {}
-        for name in GENERATED:
-            text = (Path(tmp) / "v1beta1" / name).read_text()
-            out[name] = text.replace(IMPORT_FROM, IMPORT_TO)
-    if IMPORT_TO not in out["api_pb2_grpc.py"]:
-        raise SystemExit("unexpected protoc output: the api_pb2 import of the gRPC module was not found")
+        for proto in PROTO_FILES:
+            rc = protoc.main([
+                "grpc_tools.protoc",
+                f"-I{PROTO_ROOT}",
+                f"-I{include}",
+                f"--python_out={tmp}",
+                f"--pyi_out={tmp}",
+                f"--grpc_python_out={tmp}",
+                str(PROTO_ROOT / proto),
+            ])
+            if rc != 0:
+                raise SystemExit(f"protoc failed on {proto} with exit code {rc}")
+            folder, import_from, import_to = _outputs(proto)
+            for name in GENERATED:
+                text = (Path(tmp) / folder / name).read_text()
+                out[f"{folder}/{name}"] = text.replace(import_from, import_to)
+            if import_to not in out[f"{folder}/api_pb2_grpc.py"]:
+                raise SystemExit(f"unexpected protoc output for {proto}: the api_pb2 import of the gRPC module "
+                                 "was not found")
     return out
 
 
@@ -62,10 +73,10 @@ def _without_versions(text: str) -> str:
 
 
 def check(fresh: dict[str, str]) -> list[str]:
-    """Names of generated files whose committed copy differs from `fresh` (with a unified diff)."""
+    """Paths of generated files whose committed copy differs from `fresh` (with a unified diff)."""
     problems = []
     for name, text in fresh.items():
-        path = OUT_DIR / name
+        path = API_DIR / name
         committed = path.read_text() if path.exists() else ""
         if _without_versions(committed) != _without_versions(text):
             diff = difflib.unified_diff(committed.splitlines(), text.splitlines(),
@@ -88,14 +99,15 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print("proto stubs up to date")
         return 0
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
     for name, text in fresh.items():
-        (OUT_DIR / name).write_text(text)
-    for pkg in (OUT_DIR, OUT_DIR.parent):
-        init = pkg / "__init__.py"
-        if not init.exists():
-            init.write_text('"""Generated kubelet device plugin API stubs (see proto/ and hack/gen_proto.py)."""\n')
-    print(f"wrote {', '.join(GENERATED)} to {OUT_DIR.relative_to(ROOT)}")
+        path = API_DIR / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        for pkg in path.relative_to(API_DIR).parents:  # every package from API_DIR down to the stubs
+            init = API_DIR / pkg / "__init__.py"
+            if not init.exists():
+                init.write_text(INIT_DOC)
+    print(f"wrote {', '.join(sorted(fresh))} under {API_DIR.relative_to(ROOT)}")
     return 0
 
 

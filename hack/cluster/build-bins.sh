@@ -140,6 +140,13 @@ build_kubelet_harness() {
     key="$(cd "$dir" && LC_ALL=C ls go.mod go.sum *.go | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-12)"
     COMPONENT_DIR="$dir" COMPONENT_KEY="$key" build_component kubelet-harness k8s.io/kubernetes "-s -w" \
         kubelet-harness gpupool.local/hack/kubelet-harness
+    # builds of older harness sources (50 MiB each) are not needed again: rebuilding one takes seconds
+    local old
+    for old in "$BIN_ROOT"/kubelet-harness-*; do
+        [[ -d "$old" && "$old" != "$BIN_ROOT/kubelet-harness-$cluster-$key" ]] || continue
+        echo "build-bins: kubelet-harness: removing $(basename "$old") (older sources)"
+        rm -rf "$old"
+    done
 }
 
 components=("$@")

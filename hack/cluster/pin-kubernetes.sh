@@ -37,4 +37,5 @@ upstream_mod="$(cd "$dir" && "$GO_BIN" mod download -json "k8s.io/kubernetes@$ve
 } > "$dir/go.mod"
 rm -f "$dir/go.sum"
 (cd "$dir" && "$GO_BIN" mod tidy)
+bash "$(dirname "${BASH_SOURCE[0]}")/../kubelet-harness/pin.sh"  # the devicemanager harness follows the release
 echo "pinned k8s.io/kubernetes $version (staging modules $staging) in $dir/go.mod; now run make cluster-bins"

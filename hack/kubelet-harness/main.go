@@ -4,9 +4,9 @@
 // GetPreferredAllocation -> Allocate), the runtime options a container gets, the checkpoint file and a
 // kubelet restart (a new manager on the same directory).
 //
-// Usage: kubelet-harness --dir DIR [--v N]
+// Usage: kubelet-harness --dir DIR [--pod-resources SOCKET] [--v N]
 //
-// It serves DIR/kubelet.sock, reads one JSON command per line on stdin and answers each with one JSON line
+// It serves DIR/kubelet.sock (and, with --pod-resources, the kubelet's PodResources v1 API), reads one JSON command per line on stdin and answers each with one JSON line
 // on stdout ({"ok": true, ...} or {"ok": false, "error": "..."}); klog goes to stderr. Commands:
 //
 //	{"op":"start","sources_ready":true}       new manager on DIR, Start() (reads the checkpoint)
@@ -14,10 +14,12 @@
 //	{"op":"wait","capacity":{"r":n},"registrations":{"r":n},"timeout_s":10}
 //	{"op":"admit","pod":{<v1.Pod>}}           Allocate per container as the kubelet's admission does,
 //	                                          then GetDeviceRunContainerOptions + GetDevices per container
-//	{"op":"remove","uid":"..."}               the pod is no longer active (its devices are freed lazily)
+//	{"op":"remove","uid":"..."}               the pod is deleted: it leaves the pod manager (its devices are
+//	                                          freed lazily, at the next allocation or PodResources List)
 //	{"op":"checkpoint"}                       the checkpoint file, read and checksum-verified by the kubelet's code
 //	{"op":"restart","sources_ready":false}    Stop(), then a new manager on DIR whose containerMap holds the
-//	                                          admitted containers as running (a kubelet restart)
+//	                                          admitted containers as running (a kubelet restart); the
+//	                                          PodResources server restarts with it
 //	{"op":"sources_ready"}                    the config sources become ready (after a restart)
 //	{"op":"stop"} / {"op":"quit"}
 //
@@ -41,7 +43,9 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/component-base/metrics"
 	"k8s.io/klog/v2"
@@ -77,47 +81,78 @@ type sourcesReady struct{ ready atomic.Bool }
 func (s *sourcesReady) AddSource(string) {}
 func (s *sourcesReady) AllReady() bool   { return s.ready.Load() }
 
-// harness owns one manager at a time and the kubelet-side state that outlives it (active pods).
+// harness owns one manager at a time and the kubelet-side state that outlives it (the pod manager).
 type harness struct {
-	dir      string
-	manager  *devicemanager.ManagerImpl
-	sources  *sourcesReady
-	registry metrics.KubeRegistry
+	dir          string
+	podResources string // PodResources socket; "" serves none
+	sources      *sourcesReady
+	registry     metrics.KubeRegistry
+	prServer     *grpc.Server
 
-	mu     sync.Mutex
-	active []*v1.Pod // the pod manager's active pods, in admission order
+	mu      sync.Mutex
+	manager *devicemanager.ManagerImpl
+	pods    []*v1.Pod          // the pod manager: every pod handed to admit and not removed, in that order
+	refused map[types.UID]bool // pods whose admission failed: Failed, so not active (filterOutInactivePods)
 }
 
-func newHarness(dir string) *harness {
+func newHarness(dir, podResources string) *harness {
 	registry := metrics.NewKubeRegistry()
 	registry.MustRegister(kubeletmetrics.DevicePluginRegistrationCount, kubeletmetrics.DevicePluginAllocationDuration)
-	return &harness{dir: dir, registry: registry}
+	return &harness{dir: dir, podResources: podResources, registry: registry, refused: map[types.UID]bool{}}
 }
 
+func (h *harness) current() *devicemanager.ManagerImpl {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.manager
+}
+
+func (h *harness) knownPods() []*v1.Pod {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]*v1.Pod(nil), h.pods...)
+}
+
+// activePods is the kubelet's GetActivePods: the pod manager's pods minus those that failed admission.
 func (h *harness) activePods() []*v1.Pod {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return append([]*v1.Pod(nil), h.active...)
+	var out []*v1.Pod
+	for _, p := range h.pods {
+		if !h.refused[p.UID] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
-func (h *harness) setActive(pod *v1.Pod) {
+// addPod is podManager.AddPod: a pod seen again (a re-admission after a restart) is updated in place.
+func (h *harness) addPod(pod *v1.Pod) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for i, p := range h.active {
+	delete(h.refused, pod.UID)
+	for i, p := range h.pods {
 		if p.UID == pod.UID {
-			h.active[i] = pod
+			h.pods[i] = pod
 			return
 		}
 	}
-	h.active = append(h.active, pod)
+	h.pods = append(h.pods, pod)
 }
 
-func (h *harness) removeActive(uid string) bool {
+func (h *harness) refuse(uid types.UID) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for i, p := range h.active {
+	h.refused[uid] = true
+}
+
+func (h *harness) removePod(uid string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.refused, types.UID(uid))
+	for i, p := range h.pods {
 		if string(p.UID) == uid {
-			h.active = append(h.active[:i], h.active[i+1:]...)
+			h.pods = append(h.pods[:i], h.pods[i+1:]...)
 			return true
 		}
 	}
@@ -127,7 +162,7 @@ func (h *harness) removeActive(uid string) bool {
 // start builds a manager on h.dir and starts it. running: containers the runtime reports running, as the
 // kubelet passes them after a restart (containerMap + containerRunningSet).
 func (h *harness) start(ready bool, running [][2]string) error {
-	if h.manager != nil {
+	if h.current() != nil {
 		return fmt.Errorf("a manager is already running; stop or restart it")
 	}
 	socket := filepath.Join(h.dir, filepath.Base(pluginapi.KubeletSocket))
@@ -151,21 +186,35 @@ func (h *harness) start(ready bool, running [][2]string) error {
 		_ = m.Stop()
 		return fmt.Errorf("the device manager did not create %s (newManagerImpl changed?): %v", socket, err)
 	}
+	h.mu.Lock()
 	h.manager = m
+	h.mu.Unlock()
+	if h.podResources != "" {
+		if h.prServer, err = servePodResources(h.podResources, h); err != nil {
+			_ = h.stop()
+			return fmt.Errorf("serving PodResources on %s: %w", h.podResources, err)
+		}
+	}
 	return nil
 }
 
 func (h *harness) stop() error {
-	if h.manager == nil {
+	if h.prServer != nil {
+		h.prServer.Stop() // closes the listener, which removes the socket
+		h.prServer = nil
+	}
+	h.mu.Lock()
+	m := h.manager
+	h.manager = nil
+	h.mu.Unlock()
+	if m == nil {
 		return nil
 	}
-	err := h.manager.Stop()
-	h.manager = nil
-	return err
+	return m.Stop()
 }
 
 func (h *harness) need() error {
-	if h.manager == nil {
+	if h.current() == nil {
 		return fmt.Errorf("no device manager running; send {\"op\":\"start\"} first")
 	}
 	return nil
@@ -256,11 +305,11 @@ func (h *harness) admit(pod *v1.Pod) reply {
 	if pod == nil || pod.UID == "" {
 		return reply{"ok": false, "error": "admit needs a pod with metadata.uid"}
 	}
-	h.setActive(pod)
+	h.addPod(pod)
 	all := append(append([]v1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...)
 	for i := range all {
 		if err := h.manager.Allocate(pod, &all[i]); err != nil {
-			h.removeActive(string(pod.UID))
+			h.refuse(pod.UID)
 			return reply{"ok": false, "error": err.Error(), "container": all[i].Name}
 		}
 	}
@@ -405,7 +454,7 @@ func (h *harness) handle(req request) (reply, bool) {
 	case "checkpoint":
 		return h.readCheckpoint(), false
 	case "remove":
-		return reply{"ok": h.removeActive(req.UID)}, false
+		return reply{"ok": h.removePod(req.UID)}, false
 	}
 	if err := h.need(); err != nil {
 		return reply{"ok": false, "error": err.Error()}, false
@@ -426,6 +475,7 @@ func (h *harness) handle(req request) (reply, bool) {
 
 func main() {
 	dir := flag.String("dir", "", "directory for kubelet.sock and the checkpoint (the kubelet's device-plugins dir)")
+	podResources := flag.String("pod-resources", "", "serve the PodResources v1 API on this unix socket")
 	klog.InitFlags(nil)
 	flag.Parse()
 	if *dir == "" {
@@ -436,7 +486,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "kubelet-harness: error: --dir %s is not a directory\n", *dir)
 		os.Exit(2)
 	}
-	h := newHarness(*dir)
+	h := newHarness(*dir, *podResources)
 	out := json.NewEncoder(os.Stdout)
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 16<<20)

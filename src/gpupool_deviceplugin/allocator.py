@@ -1,5 +1,12 @@
 """GetPreferredAllocation and Allocate, resource by resource: the handshake when there is one,
-topology otherwise, and the checks that keep the whole/shared pool truthful."""
+topology otherwise, and the checks that keep the whole/shared pool truthful.
+
+When several pending pods could be behind a call (same request shape), the kubelet's pod list
+(PodResources) says which one it is admitting. When no pod the plugin knows explains a call, the pods are
+re-listed at once (the kubelet may have seen a bind before the pod watch did), but only when that can
+help: never for a call that a known pod of another scheduler explains, and with PodResources only when the
+kubelet has a pod the watch has not shown yet.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from gpupool_deviceplugin.admission import AdmissionBook, AdmissionError, Claim, Refusal
+from gpupool_deviceplugin.admission import AdmissionBook, AdmissionError, Claim, KubeletPod, Refusal
 from gpupool_deviceplugin.api.v1beta1 import api_pb2
 from gpupool_deviceplugin.config import PluginConfig
 from gpupool_deviceplugin.handshake import AllocationAck
@@ -25,10 +32,17 @@ class AckSink(Protocol):
     def submit(self, pod: PodRecord, ack: AllocationAck) -> None: ...
 
 
+class KubeletPods(Protocol):
+    def pods(self, purpose: str) -> list[KubeletPod] | None:
+        """The kubelet's pods (PodResources List), reconciled into the book; None when unavailable."""
+        ...
+
+
 class Allocator:
     def __init__(self, resources: Sequence[ResourceSpec], inventory: NodeInventory, config: PluginConfig,
                  metrics: PluginMetrics, book: AdmissionBook | None = None,
-                 refresh: Callable[[], bool] | None = None, acks: AckSink | None = None) -> None:
+                 refresh: Callable[[], bool] | None = None, acks: AckSink | None = None,
+                 kubelet: KubeletPods | None = None) -> None:
         self.resources = {r.name: r for r in resources}
         self._by_id = {r.name: r.by_id() for r in resources}
         self.topology = inventory.topology()
@@ -37,30 +51,45 @@ class Allocator:
         self.book = book
         self.refresh = refresh  # re-list pods now; True if that worked
         self.acks = acks
+        self.kubelet = kubelet
 
     # -- GetPreferredAllocation ----------------------------------------------------------------
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
                   size: int) -> list[str]:
         spec = self.resources[resource]
         if self.book is not None:
-            claim = self.book.preferred(resource, available, must_include, size)
-            if claim is None and self.refresh is not None and self.refresh():
-                claim = self.book.preferred(resource, available, must_include, size)
+            claim = self._preferred_claim(resource, available, must_include, size)
             if claim is not None:
                 if claim.ambiguous_with:
                     self.metrics.handshake_ambiguous.labels(resource=resource, call="preferred").inc()
-                    log.warning("%s preferred allocation of size %d fits %s and %s; chose %s (oldest/in progress). "
-                                "The scheduler should not bind same-shape pods before the first is acknowledged",
-                                resource, size, claim.pod.key, list(claim.ambiguous_with), claim.pod.key)
+                    log.warning("%s preferred allocation of size %d fits %s and %s; chose %s (in progress, else "
+                                "first bound). The scheduler should not bind same-shape pods before the first is "
+                                "acknowledged", resource, size, claim.pod.key, list(claim.ambiguous_with),
+                                claim.pod.key)
                 self.metrics.preferred.labels(resource=resource, source="assignment").inc()
                 return list(claim.ids)
         self.metrics.preferred.labels(resource=resource, source="topology").inc()
         return self._fallback(spec, available, must_include, size)
 
+    def _preferred_claim(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                         size: int) -> Claim | None:
+        assert self.book is not None
+        view = self._kubelet_view(resource, size, "preferred")
+        claim = self.book.preferred(resource, available, must_include, size, kubelet=view)
+        if claim is None and self._relist_helps(resource, size, view, "preferred"):
+            view = self._kubelet_view(resource, size, "preferred")
+            claim = self.book.preferred(resource, available, must_include, size, kubelet=view)
+        return claim
+
     def _fallback(self, spec: ResourceSpec, available: Sequence[str], must_include: Sequence[str],
                   size: int) -> list[str]:
         devices = self._by_id[spec.name]
         avail = [i for i in dict.fromkeys([*must_include, *available]) if i in devices]
+        if self.book is not None:  # keep pods without an assignment off devices assigned to pending pods
+            reserved = self.book.reserved(spec.name) - set(must_include)
+            unreserved = [i for i in avail if i not in reserved]
+            if len(unreserved) >= size:
+                avail = unreserved
         if size >= len(avail):
             return avail
         if spec.kind == "gpu":
@@ -94,6 +123,10 @@ class Allocator:
             self.metrics.handshake_ambiguous.labels(resource=resource, call="allocate").inc()
             log.warning("Allocate %s matched %s and %s; chose %s", resource, claim.pod.key,
                         list(claim.ambiguous_with), claim.pod.key)
+        if claim.displaced:
+            log.warning("Allocate %s %s: the kubelet gave pod %s (no assignment) devices assigned to pending pod(s) "
+                        "%s; their assignment can no longer be followed", resource, list(ids), claim.pod.key,
+                        list(claim.displaced))
         if claim.via == "unattributed" and self.book is not None:
             self.metrics.handshake_failures.labels(resource=resource, reason="unattributed").inc()
             log.warning("Allocate %s %s matches no pod bound to this node; allowed, but the pool cannot "
@@ -104,8 +137,8 @@ class Allocator:
                 self.acks.submit(claim.pod, ack)
         self.metrics.allocations.labels(resource=resource, via=claim.via, result="ok").inc()
         if claim.pod is not None:
-            log.info("allocated %s %s to %s container %s (%s)", resource, list(ids), claim.pod.key,
-                     claim.container, claim.via)
+            log.info("allocated %s %s to %s container %s (%s%s)", resource, list(ids), claim.pod.key,
+                     claim.container, claim.via, ", told by the kubelet's pod list" if claim.identified else "")
         devices = [self._by_id[resource][i] for i in ids]
         return container_response(spec, devices, self.config)
 
@@ -116,18 +149,44 @@ class Allocator:
                 raise AdmissionError(Refusal.INVALID_ARGUMENT,
                                      f"unknown {spec.name} device IDs {unknown or '(none given)'}", "unknown_device")
             return Claim(spec.name, tuple(ids), "unattributed")
+        view = self._kubelet_view(spec.name, len(ids), "allocate")
         try:
-            claim = self.book.claim(spec.name, ids)
+            claim = self.book.claim(spec.name, ids, kubelet=view)
         except AdmissionError as err:
-            if err.reason not in ("no_assignment", "bad_assignment") or not self._refreshed():
+            if err.reason not in ("no_assignment", "bad_assignment") or \
+                    not self._relist_helps(spec.name, len(ids), view, "allocate"):
                 raise
-            return self.book.claim(spec.name, ids)
-        if claim.via == "unattributed" and self._refreshed():
-            return self.book.claim(spec.name, ids)
+            return self.book.claim(spec.name, ids, kubelet=self._kubelet_view(spec.name, len(ids), "allocate"))
+        if claim.via == "unattributed" and self._relist_helps(spec.name, len(ids), view, "allocate"):
+            view = self._kubelet_view(spec.name, len(ids), "allocate")
+            claim = self.book.claim(spec.name, ids, kubelet=view)
+        if claim.via == "unattributed" and view is None:
+            # nobody's assignment: if the kubelet says it is admitting a pod of ours, that pod deviated
+            view = self._kubelet_view(spec.name, len(ids), "allocate", force=True)
+            if view is not None:
+                claim = self.book.claim(spec.name, ids, kubelet=view)
         return claim
 
-    def _refreshed(self) -> bool:
-        return self.refresh is not None and self.refresh()
+    # -- the kubelet's pods, re-lists --------------------------------------------------------------
+    def _kubelet_view(self, resource: str, size: int, purpose: str, *, force: bool = False) -> frozenset[str] | None:
+        """namespace/name of the kubelet's pods, asked only when it matters: several pending pods have this
+        request shape (or `force`). None without PodResources."""
+        if self.kubelet is None or self.book is None or not (force or self.book.contended(resource, size)):
+            return None
+        pods = self.kubelet.pods(purpose)
+        return None if pods is None else frozenset(p.key for p in pods)
+
+    def _relist_helps(self, resource: str, size: int, view: frozenset[str] | None, purpose: str) -> bool:
+        """Re-list the node's pods after a miss, when that can help; True when it was done."""
+        if self.refresh is None or self.book is None:
+            return False
+        if self.book.explains(resource, size):
+            return False  # a known pod of another scheduler asks for this shape: the call is its own
+        if view is None:
+            view = self._kubelet_view(resource, size, purpose, force=True)
+        if view is not None and not self.book.unknown(view):
+            return False  # the kubelet has no pod the watch has not shown: a re-list finds nothing new
+        return self.refresh()
 
 
 def _best_fit_units(avail: list[str], must: list[str], size: int) -> list[str]:
@@ -148,4 +207,3 @@ def _best_fit_units(avail: list[str], must: list[str], size: int) -> list[str]:
     units = sorted(by_gpu.get(gpus[0], []), key=lambda i: split_memory_unit_id(i)[1])  # type: ignore[index]
     chosen = list(must) + [u for u in units if u not in must]
     return chosen[:size]
-

@@ -1,7 +1,8 @@
 """The device plugin process: start-up order, the running parts and an orderly shutdown.
 
-Start-up: status endpoint -> NVML (retried with backoff) -> discovery -> API server (optional) ->
-health monitor -> serve every resource -> register with the kubelet -> keep registered.
+Start-up: status endpoint -> NVML (retried with backoff) -> discovery -> API server (optional: pod watch,
+acks, node publication, then one reconciliation with the kubelet's PodResources) -> health monitor ->
+serve every resource -> register with the kubelet -> keep registered (and reconciled).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pynvml
 
 from gpupool_deviceplugin.admission import AdmissionBook
-from gpupool_deviceplugin.allocator import Allocator
+from gpupool_deviceplugin.allocator import AckSink, Allocator
 from gpupool_deviceplugin.board import DeviceBoard
 from gpupool_deviceplugin.config import PluginConfig
 from gpupool_deviceplugin.discovery import discover
@@ -28,6 +30,9 @@ from gpupool_deviceplugin.publication import build_publication
 from gpupool_deviceplugin.resources import ResourceSpec, StrategyError, build_resources
 from gpupool_deviceplugin.server.kubelet_watch import Supervisor
 from gpupool_deviceplugin.server.plugin_servers import PluginServers, remove_stale_sockets
+
+if TYPE_CHECKING:
+    from gpupool_deviceplugin.podresources import Reconciler
 
 log = logging.getLogger(__name__)
 LOCK_FILE = "gpupool-deviceplugin.lock"
@@ -81,6 +86,7 @@ class DaemonOptions:
     kubelet_dir: Path
     config: PluginConfig
     kubeconfig: str | None = None
+    pod_resources_socket: Path | None = None  # default: $GPUPOOL_POD_RESOURCES_SOCKET or <kubelet dir>/../pod-resources
     nvml_backoff_initial_s: float = 1.0
     nvml_backoff_max_s: float = 300.0
 
@@ -228,7 +234,7 @@ class Daemon:
         for gpu in inventory.gpus:
             self.metrics.gpu_healthy.labels(uuid=gpu.uuid, index=str(gpu.index)).set(1)
 
-        book = refresh = acks = None
+        book = refresh = acks = kubelet = None
         if api is not None:
             from gpupool_deviceplugin.kube.acks import AckWriter
             from gpupool_deviceplugin.kube.node_publisher import NodePublisher
@@ -237,11 +243,12 @@ class Daemon:
             unit = self.config.gpu_memory.unit_mib if memory else None
             book = AdmissionBook(self.opts.node_name, resources, unit,
                                  on_change=lambda: self._tenancy_changed(book, board))
-            watcher = PodWatcher(api, self.opts.node_name, [r.name for r in resources], book)
+            watcher = PodWatcher(api, self.opts.node_name, [r.name for r in resources], book,
+                                 metrics=self.metrics)
             watcher.start()
             self._parts.append(watcher)
             refresh = watcher.relist_now
-            acks = AckWriter(api, self.metrics)
+            acks = AckWriter(api, self.metrics, alive=book.has)
             acks.start()
             self._parts.append(acks)
             if self.config.kubernetes.publish_node:
@@ -255,6 +262,7 @@ class Daemon:
             if not watcher.synced.wait(10):
                 log.warning("pods of node %s not listed yet; whole GPUs and memory units stay Unhealthy until "
                             "they are", self.opts.node_name)
+            kubelet = self._start_reconciler(book, acks, resources)
         self.book = book
 
         if self.config.health.enabled:
@@ -265,7 +273,7 @@ class Daemon:
         else:
             log.warning("health checks disabled by config: devices stay Healthy whatever NVML reports")
 
-        allocator = Allocator(resources, inventory, self.config, self.metrics, book, refresh, acks)
+        allocator = Allocator(resources, inventory, self.config, self.metrics, book, refresh, acks, kubelet)
         removed = remove_stale_sockets(self.opts.kubelet_dir)
         if removed:
             log.info("removed stale sockets of a previous plugin: %s", ", ".join(removed))
@@ -275,6 +283,28 @@ class Daemon:
         supervisor = Supervisor(self.servers, self.opts.kubelet_dir, self.metrics)
         supervisor.start()
         self._parts.append(supervisor)
+
+    def _start_reconciler(self, book: AdmissionBook, acks: AckSink | None,
+                          resources: list[ResourceSpec]) -> Reconciler | None:
+        """The kubelet's PodResources view: reconciled once now, before any resource is served (an admitted
+        pod whose ack a previous instance never wrote must not look pending), then periodically."""
+        from gpupool_deviceplugin.podresources import (
+            PodResourcesClient,
+            Reconciler,
+            pod_resources_socket,
+            reconcile_period_s,
+        )
+
+        socket = self.opts.pod_resources_socket or pod_resources_socket(self.opts.kubelet_dir)
+        if socket is None:
+            log.warning("PodResources disabled: same-shape pods are told apart by the order of their binds only")
+            return None
+        client = PodResourcesClient(socket, [r.name for r in resources])
+        reconciler = Reconciler(book, client, acks, self.metrics, resources, reconcile_period_s())
+        reconciler.run_once()
+        reconciler.start()
+        self._parts.append(reconciler)
+        return reconciler
 
     def _tenancy_changed(self, book: AdmissionBook, board: DeviceBoard) -> None:
         # read and apply under one lock: the watch thread and gRPC threads both get here, and an older

@@ -19,7 +19,8 @@ Only two pending pods with the same request shape, (resource, device count) of s
 confused at step 2, because GetPreferredAllocation sees only the shape. The scheduler therefore must
 not bind a pod to a node while an unacknowledged pod on that node shares a shape with it
 (`shapes_conflict`); the gate is per (node, shape) and held until the ack (seconds), never a
-node-wide lock. If it happens anyway the plugin picks the oldest pod, counts it and logs it.
+node-wide lock. If it happens anyway the plugin uses the kubelet's PodResources pod list, else the order
+of the binds (docs/handshake.md).
 """
 
 from __future__ import annotations

@@ -45,8 +45,16 @@ class PluginMetrics:
         self.nvml_init_failures = Counter(f"{NS}_nvml_init_failures_total", "Failed NVML start-ups", registry=r)
         self.node_patches = Counter(f"{NS}_node_patches_total", "Node label/annotation patches", ["result"],
                                     registry=r)
-        self.ack_patches = Counter(f"{NS}_ack_patches_total", "Pod ack annotation patches", ["result"],
+        self.ack_patches = Counter(f"{NS}_ack_patches_total", "Pod ack annotation patch attempts", ["result"],
                                    registry=r)
+        self.acks_pending = Gauge(f"{NS}_acks_pending", "Acks waiting to be written (retried until written)",
+                                  registry=r)
+        self.relists = Counter(f"{NS}_pod_relists_total", "Full lists of the node's pods", ["reason"], registry=r)
+        self.pod_resources_calls = Counter(f"{NS}_pod_resources_calls_total", "kubelet PodResources List calls",
+                                           ["purpose", "result"], registry=r)
+        self.reconcile_corrections = Counter(f"{NS}_reconcile_corrections_total",
+                                             "Allocation records corrected to what the kubelet reports", ["kind"],
+                                             registry=r)
         self.kubelet_restarts = Counter(f"{NS}_kubelet_restarts_total", "kubelet.sock re-creations seen",
                                         registry=r)
 

@@ -5,7 +5,8 @@ with JSON lines on stdin/stdout (see hack/kubelet-harness/main.go for the comman
 Where kubelet_standin.py re-implements the device manager's allocation path in Python, this runs the
 kubelet's own code: registration (it dials the plugin back and asks GetDevicePluginOptions), capacity,
 devicesToAllocate -> GetPreferredAllocation -> Allocate per container, the runtime options a container is
-given, the checkpoint file, and a restart (a new manager on the same directory).
+given, the checkpoint file, a restart (a new manager on the same directory), and optionally the kubelet's
+PodResources v1 API served by the kubelet's own server over that manager.
 """
 
 from __future__ import annotations
@@ -82,12 +83,17 @@ def harness_binary() -> Path:
 
 
 class KubeletHarness:
-    """One harness process serving `directory`/kubelet.sock; its klog output goes to `log_path`."""
+    """One harness process serving `directory`/kubelet.sock (and PodResources on `pod_resources`, a socket
+    path, when given); its klog output goes to `log_path`."""
 
-    def __init__(self, directory: Path, log_path: Path, *, binary: Path | None = None, verbosity: int = 4) -> None:
+    def __init__(self, directory: Path, log_path: Path, *, pod_resources: Path | None = None,
+                 binary: Path | None = None, verbosity: int = 4) -> None:
         self.directory = directory
         self.log_path = log_path
+        self.pod_resources = pod_resources
         self.args = [str(binary or harness_binary()), "--dir", str(directory), f"--v={verbosity}"]
+        if pod_resources is not None:
+            self.args += ["--pod-resources", str(pod_resources)]
         self._proc: subprocess.Popen[str] | None = None
         self._replies: queue.Queue[str | None] = queue.Queue()
 
@@ -167,7 +173,8 @@ class KubeletHarness:
                 for name, view in reply["containers"].items()}
 
     def remove(self, uid: str) -> None:
-        """The pod is gone from the pod manager (deleted/terminated); the manager frees it lazily."""
+        """The pod is deleted: it leaves the pod manager; the device manager frees its devices lazily (at the
+        next allocation or PodResources List). A pod whose admission failed stays known until removed."""
         self.call("remove", uid=uid)
 
     def checkpoint(self) -> Checkpoint:

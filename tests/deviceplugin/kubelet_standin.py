@@ -1,11 +1,13 @@
 """A kubelet stand-in for device plugin tests: the real Registration gRPC service on a unix socket
-in a temporary directory, clients for the plugin's DevicePlugin services, and a small device manager
-that admits containers the way the kubelet's devicemanager does (reuse of init-container devices,
-GetPreferredAllocation, then Allocate).
+in a temporary directory, clients for the plugin's DevicePlugin services, a small device manager
+that admits pods the way the kubelet does (pods one at a time, in the order their updates arrive, a batch
+oldest first; per container reuse of init-container devices, GetPreferredAllocation, then Allocate), and
+optionally the PodResources API (List, GetAllocatableResources) served from what it admitted.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import grpc
 
+from gpupool_deviceplugin.api.podresources.v1 import api_pb2 as pr_pb2
+from gpupool_deviceplugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from gpupool_deviceplugin.api.v1beta1 import api_pb2, api_pb2_grpc
 
 
@@ -37,15 +41,38 @@ class _Registrar(api_pb2_grpc.RegistrationServicer):
         return api_pb2.Empty()
 
 
-class KubeletStandin:
-    """Serves Registration on <directory>/kubelet.sock."""
+class _PodResourcesLister(pr_grpc.PodResourcesListerServicer):
+    """The kubelet's PodResources v1 service, answered from the stand-in's device manager."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, owner: KubeletStandin) -> None:
+        self.owner = owner
+
+    def List(self, request, context):
+        dm = self.owner.device_manager
+        return dm.pod_resources() if dm is not None else pr_pb2.ListPodResourcesResponse()
+
+    def GetAllocatableResources(self, request, context):
+        dm = self.owner.device_manager
+        return dm.allocatable_resources() if dm is not None else pr_pb2.AllocatableResourcesResponse()
+
+    def Get(self, request, context):
+        context.abort(grpc.StatusCode.UNAVAILABLE, "PodResources API Get method disabled")  # feature gate off
+
+
+class KubeletStandin:
+    """Serves Registration on <directory>/kubelet.sock and, with `pod_resources`, the PodResources API on
+    <directory>/../pod-resources/kubelet.sock (the kubelet's layout: /var/lib/kubelet/{device-plugins,
+    pod-resources}), answered from the DeviceManager made for it."""
+
+    def __init__(self, directory: Path, pod_resources: bool = False) -> None:
         self.directory = directory
         self.socket = directory / "kubelet.sock"
+        self.pod_resources_socket = directory.parent / "pod-resources" / "kubelet.sock" if pod_resources else None
         self.registrations: list[Registration] = []
+        self.device_manager: DeviceManager | None = None
         self._cond = threading.Condition()
         self._server: grpc.Server | None = None
+        self._pr_server: grpc.Server | None = None
         self._channels: list[grpc.Channel] = []
 
     def start(self) -> None:
@@ -54,11 +81,32 @@ class KubeletStandin:
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
         self._server = server
+        self.serve_pod_resources()
+
+    def serve_pod_resources(self) -> None:
+        if self.pod_resources_socket is None or self._pr_server is not None:
+            return
+        self.pod_resources_socket.parent.mkdir(exist_ok=True)
+        self.pod_resources_socket.unlink(missing_ok=True)
+        pr_server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pr_grpc.add_PodResourcesListerServicer_to_server(_PodResourcesLister(self), pr_server)
+        pr_server.add_insecure_port(f"unix://{self.pod_resources_socket}")
+        pr_server.start()
+        self._pr_server = pr_server
+
+    def stop_pod_resources(self) -> None:
+        """Only the PodResources socket goes away (not mounted into the plugin's pod, say)."""
+        if self._pr_server is not None:
+            self._pr_server.stop(grace=0).wait()
+            self._pr_server = None
+            assert self.pod_resources_socket is not None
+            self.pod_resources_socket.unlink(missing_ok=True)
 
     def stop(self) -> None:
         if self._server is not None:
             self._server.stop(grace=0).wait()
             self._server = None
+        self.stop_pod_resources()
         self.socket.unlink(missing_ok=True)
         for channel in self._channels:
             channel.close()
@@ -184,48 +232,136 @@ class ContainerRequest:
     sidecar: bool = False
 
 
+@dataclass(frozen=True)
+class Pod:
+    """A pod as the kubelet's pod manager knows it: identity, creation time (admission order within a
+    batch) and containers."""
+
+    namespace: str
+    name: str
+    uid: str
+    created: float
+    containers: tuple[ContainerRequest, ...]
+    anonymous: bool = False  # made by admit_pod(): not in PodResources answers (the plugin cannot know it)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
 @dataclass
 class Admitted:
     devices: dict[str, list[str]] = field(default_factory=dict)
     responses: dict[str, api_pb2.ContainerAllocateResponse] = field(default_factory=dict)
 
 
+_anonymous = itertools.count(1)
+
+
 class DeviceManager:
-    """The kubelet devicemanager's allocation path for pods, against the plugin's real gRPC services:
+    """The kubelet's admission and devicemanager allocation path, against the plugin's real gRPC services:
     healthy devices come from ListAndWatch, devices in use are remembered, init-container devices are
-    reused by later containers, then GetPreferredAllocation and Allocate are called per container."""
+    reused by later containers, then GetPreferredAllocation and Allocate are called per container.
+
+    Pod identity and order as in the kubelet: `admit(pod)` is one pod arriving on its own (a watch event:
+    pods bound a moment apart are admitted one by one in the order their binds arrive), `add_pods(pods)`
+    one update with several pods (the kubelet's start, a re-list), admitted oldest first. A pod joins the
+    pod manager just before its admission, so PodResources List shows it (without devices) while it is
+    being admitted, and a container's devices once its Allocate returned."""
 
     def __init__(self, kubelet: KubeletStandin, resources: Sequence[str]) -> None:
+        self.kubelet = kubelet
+        self.resources = list(resources)
         self.clients = {r: kubelet.plugin(r) for r in resources}
         self.watches = {r: c.watch() for r, c in self.clients.items()}
         self.in_use: dict[str, set[str]] = {r: set() for r in resources}
+        self.pods: dict[str, Pod] = {}  # the pod manager, in the order pods were added
+        self.rejected: set[str] = set()
+        self.allocated: dict[str, dict[str, dict[str, list[str]]]] = {}  # uid -> container -> resource -> IDs
+        self._lock = threading.Lock()
+        kubelet.device_manager = self
 
     def close(self) -> None:
         for w in self.watches.values():
             w.close()
+
+    def reconnect(self) -> None:
+        """After the plugin restarted (new registration): new clients and ListAndWatch streams; what was
+        allocated stays, as the kubelet's checkpoint keeps it."""
+        self.close()
+        self.clients = {r: self.kubelet.plugin(r) for r in self.resources}
+        self.watches = {r: c.watch() for r, c in self.clients.items()}
 
     def release(self, admitted: dict[str, Admitted]) -> None:
         for adm in admitted.values():
             for resource, ids in adm.devices.items():
                 self.in_use[resource] -= set(ids)
 
+    def remove(self, pod: Pod) -> None:
+        """The pod was deleted: its devices are free and the pod manager forgets it."""
+        with self._lock:
+            self.pods.pop(pod.uid, None)
+            self._free(pod.uid)
+
     def admit_pod(self, containers: Sequence[ContainerRequest]) -> dict[str, Admitted]:
-        """Allocate every container in kubelet order (init containers first). Raises grpc.RpcError
-        when the plugin refuses, like the kubelet's UnexpectedAdmissionError."""
-        ordered = [c for c in containers if c.init] + [c for c in containers if not c.init]
+        """Allocate every container of a pod the plugin cannot identify (not listed by PodResources)."""
+        n = next(_anonymous)
+        pod = Pod("", f"anonymous-{n}", f"anonymous-{n}", time.time(), tuple(containers), anonymous=True)
+        return self.admit(pod)
+
+    def admit(self, pod: Pod) -> dict[str, Admitted]:
+        """One pod arriving on its own. Raises grpc.RpcError when the plugin refuses, like the kubelet's
+        UnexpectedAdmissionError (the pod is rejected: it stays known, without devices)."""
+        result = self.add_pods([pod])[pod.uid]
+        if isinstance(result, grpc.RpcError):
+            raise result
+        return result
+
+    def add_pods(self, pods: Sequence[Pod]) -> dict[str, dict[str, Admitted] | grpc.RpcError]:
+        """One update with several pods (HandlePodAdditions): sorted by creation time, each added to the pod
+        manager and admitted before the next. Returns per pod UID its containers or the refusal."""
+        out: dict[str, dict[str, Admitted] | grpc.RpcError] = {}
+        for pod in sorted(pods, key=lambda p: p.created):
+            with self._lock:
+                self.pods[pod.uid] = pod
+            try:
+                out[pod.uid] = self._admit(pod)
+            except grpc.RpcError as err:
+                with self._lock:
+                    self.rejected.add(pod.uid)
+                    self._free(pod.uid)
+                out[pod.uid] = err
+        return out
+
+    def _admit(self, pod: Pod) -> dict[str, Admitted]:
+        ordered = [c for c in pod.containers if c.init] + [c for c in pod.containers if not c.init]
         reusable: dict[str, set[str]] = {r: set() for r in self.clients}
         out: dict[str, Admitted] = {}
         for c in ordered:
             adm = out.setdefault(c.name, Admitted())
             for resource, size in c.requests.items():
                 ids = self._devices_to_allocate(resource, size, reusable[resource])
+                with self._lock:
+                    self.allocated.setdefault(pod.uid, {}).setdefault(c.name, {})
                 adm.devices[resource] = ids
-                adm.responses[resource] = self.clients[resource].allocate(ids)
+                try:
+                    adm.responses[resource] = self.clients[resource].allocate(ids)
+                except grpc.RpcError:
+                    with self._lock:
+                        self.in_use[resource] -= set(ids)
+                    raise
+                with self._lock:  # podDevices.insert: only once Allocate returned
+                    self.allocated[pod.uid][c.name][resource] = ids
                 if c.init and not c.sidecar:
                     reusable[resource] |= set(ids)
                 else:
                     reusable[resource] -= set(ids)
         return out
+
+    def _free(self, uid: str) -> None:
+        for by_resource in self.allocated.pop(uid, {}).values():
+            for resource, ids in by_resource.items():
+                self.in_use[resource] -= set(ids)
 
     def _devices_to_allocate(self, resource: str, size: int, reusable: set[str]) -> list[str]:
         allocated: list[str] = sorted(reusable)[:size]
@@ -234,12 +370,13 @@ class DeviceManager:
         healthy = self.watches[resource].latest().healthy()
         available = healthy - self.in_use[resource]
         assert len(available) >= size - len(allocated), f"kubelet: not enough {resource} available"
-        preferred = self.clients[resource].preferred(sorted(available | set(allocated)), size, allocated)
-        for device in preferred:
-            if len(allocated) == size:
-                break
-            if device in available and device not in allocated:
-                allocated.append(device)
+        if size - len(allocated) < len(available):  # the kubelet asks only when it has a choice
+            preferred = self.clients[resource].preferred(sorted(available | set(allocated)), size, allocated)
+            for device in preferred:
+                if len(allocated) == size:
+                    break
+                if device in available and device not in allocated:
+                    allocated.append(device)
         for device in sorted(available):  # the kubelet fills up from whatever is left
             if len(allocated) == size:
                 break
@@ -247,3 +384,35 @@ class DeviceManager:
                 allocated.append(device)
         self.in_use[resource] |= set(allocated)
         return allocated
+
+    # -- PodResources --------------------------------------------------------------------------------
+    def pod_resources(self) -> pr_pb2.ListPodResourcesResponse:
+        """List: every pod of the pod manager, sidecars and app containers (not other init containers)
+        with the devices their Allocate returned."""
+        with self._lock:
+            out = pr_pb2.ListPodResourcesResponse()
+            for pod in self.pods.values():
+                if pod.anonymous:
+                    continue
+                held = self.allocated.get(pod.uid, {})
+                entry = out.pod_resources.add(name=pod.name, namespace=pod.namespace)
+                for c in pod.containers:
+                    if c.init and not c.sidecar:
+                        continue
+                    container = entry.containers.add(name=c.name)
+                    for resource, ids in held.get(c.name, {}).items():
+                        container.devices.add(resource_name=resource, device_ids=ids)
+            return out
+
+    def allocatable_resources(self) -> pr_pb2.AllocatableResourcesResponse:
+        """GetAllocatableResources: the healthy devices of every resource, one entry per device."""
+        out = pr_pb2.AllocatableResourcesResponse()
+        for resource, watch in self.watches.items():
+            if not watch.lists:
+                continue
+            for device in watch.lists[-1].devices.values():
+                if device.health == "Healthy":
+                    entry = out.devices.add(resource_name=resource, device_ids=[device.ID])
+                    for node in device.topology.nodes:
+                        entry.topology.nodes.add(ID=node.ID)
+        return out

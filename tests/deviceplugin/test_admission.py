@@ -8,7 +8,7 @@ import json
 import pytest
 
 from deviceplugin.pods import assignment, pod_json
-from gpupool_deviceplugin.admission import AdmissionBook, AdmissionError, Refusal
+from gpupool_deviceplugin.admission import AdmissionBook, AdmissionError, KubeletPod, Refusal
 from gpupool_deviceplugin.config import PluginConfig
 from gpupool_deviceplugin.handshake import (
     ACK_ANNOTATION,
@@ -229,3 +229,165 @@ def test_protocol_models() -> None:
         with pytest.raises(HandshakeError, match=message):
             parse_assignment({ASSIGNMENT_ANNOTATION: bad})
     assert ACK_ANNOTATION == "gpupool.io/allocated"
+
+
+# -- same-shape pods: which one the kubelet is admitting (issue 8, item 2) ------------------------------
+def _same_shape_pair(book: AdmissionBook, resource: str) -> tuple[str, str]:
+    """Pod "old" (created first, assigned GPU 0) and pod "new" (assigned GPU 1), same request shape, bound
+    in the other order: "new" at resourceVersion 10, "old" at 11. Returns the two keys."""
+    def plan(gpu: int) -> dict:
+        return {"devices": {GPU: [UUIDS[gpu]]}} if resource == GPU else {"memory": (UUIDS[gpu], 5, 1024)}
+
+    size = 1 if resource == GPU else 5
+    add(book, pod_json("new", "u-new", NODE, {"m": {resource: size}}, created="2026-01-01T00:00:02Z", rv="10",
+                       annotations=assignment(NODE, "u-new", {"m": plan(1)})))
+    add(book, pod_json("old", "u-old", NODE, {"m": {resource: size}}, created="2026-01-01T00:00:01Z", rv="11",
+                       annotations=assignment(NODE, "u-old", {"m": plan(0)})))
+    return "ns/old", "ns/new"
+
+
+@pytest.mark.parametrize("resource", [GPU, MEM])
+def test_without_the_kubelets_pod_list_the_first_bound_goes_first(book: AdmissionBook, resource: str) -> None:
+    """Binds arriving as separate watch events are admitted in arrival order, not by age."""
+    _same_shape_pair(book, resource)
+    size = 1 if resource == GPU else 5
+    available = UUIDS if resource == GPU else [u for g in range(4) for u in all_units(g)]
+    claim = book.preferred(resource, available, [], size)
+    assert claim.pod.name == "new" and claim.ambiguous_with == ("ns/old",)
+    assert book.contended(resource, size)
+
+
+@pytest.mark.parametrize("resource", [GPU, MEM])
+@pytest.mark.parametrize("admitting", ["old", "new"])
+def test_the_kubelets_pod_list_says_which_pod_is_admitted(book: AdmissionBook, resource: str,
+                                                          admitting: str) -> None:
+    """The kubelet lists the pod it is admitting and not the ones still queued: whichever order it admits
+    them in (arrival, or oldest first in a batch), each gets its own GPU and the other's is refused."""
+    _same_shape_pair(book, resource)
+    size = 1 if resource == GPU else 5
+    gpu = {"old": 0, "new": 1}[admitting]
+    available = UUIDS if resource == GPU else [u for g in range(4) for u in all_units(g)]
+    kubelet = {"ns/" + admitting, "ns/unrelated"}
+    claim = book.preferred(resource, available, [], size, kubelet=kubelet)
+    assert claim.pod.name == admitting and claim.identified and not claim.ambiguous_with
+    mine = [UUIDS[gpu]] if resource == GPU else units(gpu, 0, 1, 2, 3, 4)
+    other = [UUIDS[1 - gpu]] if resource == GPU else units(1 - gpu, 0, 1, 2, 3, 4)
+    with pytest.raises(AdmissionError, match="cannot swap GPUs") as err:
+        book.claim(resource, other, kubelet=kubelet)
+    assert err.value.reason == "swap" and err.value.pod.name == admitting
+    got = book.claim(resource, mine, kubelet=kubelet)
+    assert got.pod.name == admitting and got.identified
+    ack = book.commit(got)
+    assert ack.complete and ack.containers == {"m": {resource: tuple(mine)}}
+
+
+def test_a_pod_the_kubelet_does_not_have_gets_nobodys_devices(book: AdmissionBook) -> None:
+    _same_shape_pair(book, GPU)
+    assert book.preferred(GPU, UUIDS, [], 1, kubelet={"ns/someone-else"}) is None
+    assert book.unknown({"ns/someone-else", "ns/old"}) == ["ns/someone-else"]
+
+
+def test_a_pod_of_another_scheduler_is_kept_off_assigned_devices(book: AdmissionBook) -> None:
+    _same_shape_pair(book, GPU)
+    add(book, pod_json("foreign", "u-f", NODE, {"m": {GPU: 1}}, rv="12"))
+    assert book.reserved(GPU) == {UUIDS[0], UUIDS[1]}
+    assert book.explains(GPU, 1) and not book.explains(GPU, 2)
+    # the kubelet admits the foreign pod and hands it pod old's GPU anyway: it is the foreign pod's now
+    claim = book.claim(GPU, [UUIDS[0]], kubelet={"ns/foreign"})
+    assert (claim.via, claim.pod.name, claim.displaced) == ("foreign", "foreign", ("ns/old",))
+
+
+# -- re-lists merged with watch events by resourceVersion (item 4) ---------------------------------------
+def test_a_list_older_than_a_bind_keeps_the_freshly_admitted_pod(book: AdmissionBook) -> None:
+    ann = assignment(NODE, "u1", {"m": {"devices": {GPU: [UUIDS[2]]}}})
+    add(book, pod_json("p", "u1", NODE, {"m": {GPU: 1}}, annotations=ann, rv="105"))  # the watch: bound at 105
+    book.commit(book.claim(GPU, [UUIDS[2]]))  # admitted
+    other = pod_json("q", "u2", NODE, {"m": {GPU: 1}}, rv="90")
+    assert book.replace_all([pod_record(other, NAMES, NODE)], list_rv="100")  # snapshot taken before the bind
+    assert {p.name for p in book.pods()} == {"p", "q"}
+    assert book.tenancy().whole == {UUIDS[2]: ("ns/p",)}
+    assert book.claim(GPU, [UUIDS[3]]).pod.name == "q"  # p is not pending again
+
+
+def test_a_stale_list_does_not_bring_back_a_deleted_pod(book: AdmissionBook) -> None:
+    pod = pod_json("p", "u1", NODE, {"m": {GPU: 1}}, rv="100")
+    add(book, pod)
+    book.commit(book.claim(GPU, [UUIDS[1]]))
+    book.remove("u1", "120")  # deleted at 120
+    assert book.replace_all([pod_record(pod, NAMES, NODE)], list_rv="110")  # listed at 110: still there
+    assert book.pods() == [] and book.tenancy().whole == {}
+    assert book.replace_all([], list_rv="130")
+    assert not book.replace_all([pod_record(pod, NAMES, NODE)], list_rv="125")  # older than the one applied
+    assert book.pods() == []
+
+
+def test_a_newer_list_still_replaces_what_it_knows(book: AdmissionBook) -> None:
+    add(book, pod_json("p", "u1", NODE, {"m": {GPU: 1}}, rv="100"))
+    add(book, pod_json("gone", "u2", NODE, {"m": {GPU: 1}}, rv="101"))
+    book.commit(book.claim(GPU, [UUIDS[1]]))
+    done = pod_json("p", "u1", NODE, {"m": {GPU: 1}}, rv="140", phase="Succeeded")
+    assert book.replace_all([pod_record(done, NAMES, NODE)], list_rv="150")
+    assert [p.name for p in book.pods()] == ["p"] and book.pods()[0].terminal
+    assert book.tenancy().whole == {}
+
+
+# -- PodResources reconciliation (item 3) ----------------------------------------------------------------
+def test_reconcile_restores_an_allocation_whose_ack_was_lost() -> None:
+    """After a plugin restart a pod admitted without an ack looks pending and would capture the next
+    same-shape pod's Allocate; the kubelet's records say it holds its units."""
+    book = AdmissionBook(NODE, RESOURCES, 1024)
+    first = assignment(NODE, "u1", {"m": {"memory": (UUIDS[0], 4, 1024)}})
+    second = assignment(NODE, "u2", {"m": {"memory": (UUIDS[0], 4, 1024)}})
+    book.replace_all([pod_record(pod_json("first", "u1", NODE, {"m": {MEM: 4}}, annotations=first,
+                                          created="2026-01-01T00:00:01Z"), NAMES, NODE),
+                      pod_record(pod_json("second", "u2", NODE, {"m": {MEM: 4}}, annotations=second,
+                                          created="2026-01-01T00:00:02Z"), NAMES, NODE)])
+    result = book.reconcile([KubeletPod("ns", "first", {"m": {MEM: tuple(units(0, 0, 1, 2, 3))}}),
+                             KubeletPod("ns", "second", {"m": {}}), KubeletPod("kube-system", "dns", {"c": {}})])
+    held = tuple(units(0, 0, 1, 2, 3))
+    assert [(c.pod, c.kind, c.now) for c in result.corrections] == [("ns/first", "missing", held)]
+    ((pod, ack),) = result.acks
+    assert pod.name == "first" and ack.complete and ack.containers == {"m": {MEM: tuple(units(0, 0, 1, 2, 3))}}
+    assert book.claim(MEM, units(0, 4, 5, 6, 7)).pod.name == "second"
+    assert book.reconcile([KubeletPod("ns", "first", {"m": {MEM: tuple(units(0, 0, 1, 2, 3))}})]).corrections == ()
+
+
+def test_reconcile_corrects_a_swap_and_frees_the_right_gpu() -> None:
+    book = AdmissionBook(NODE, RESOURCES, 1024)
+    for name, uid in (("a", "ua"), ("b", "ub")):
+        book.upsert(pod_record(pod_json(name, uid, NODE, {"m": {GPU: 1}}), NAMES, NODE))  # other schedulers
+    book.commit(book.claim(GPU, [UUIDS[0]]))  # guessed: pod a
+    book.commit(book.claim(GPU, [UUIDS[1]]))  # guessed: pod b
+    assert book.tenancy().whole == {UUIDS[0]: ("ns/a",), UUIDS[1]: ("ns/b",)}
+    result = book.reconcile([KubeletPod("ns", "a", {"m": {GPU: (UUIDS[1],)}}),
+                             KubeletPod("ns", "b", {"m": {GPU: (UUIDS[0],)}}),
+                             KubeletPod("ns", "stranger", {"x": {GPU: (UUIDS[3],), "example.com/nic": ("eth1",)}})])
+    assert sorted((c.pod, c.kind, c.was, c.now) for c in result.corrections) == [
+        ("ns/a", "differs", (UUIDS[0],), (UUIDS[1],)), ("ns/b", "differs", (UUIDS[1],), (UUIDS[0],))]
+    assert {p.name: a.containers["m"][GPU] for p, a in result.acks} == {"a": (UUIDS[1],), "b": (UUIDS[0],)}
+    assert result.unknown_pods == ("ns/stranger",)
+    book.remove("ua")
+    assert book.tenancy().whole == {UUIDS[0]: ("ns/b",)}  # pod a ended: the GPU it really held is free
+
+
+def test_reconcile_drops_a_record_of_devices_another_pod_holds() -> None:
+    book = AdmissionBook(NODE, RESOURCES, 1024)
+    for name, uid in (("a", "ua"), ("b", "ub")):
+        book.upsert(pod_record(pod_json(name, uid, NODE, {"m": {GPU: 1}}), NAMES, NODE))
+    book.commit(book.claim(GPU, [UUIDS[2]]))  # guessed: pod a, but the kubelet was admitting b
+    result = book.reconcile([KubeletPod("ns", "b", {"m": {GPU: (UUIDS[2],)}}), KubeletPod("ns", "a", {"m": {}})])
+    assert sorted((c.pod, c.kind) for c in result.corrections) == [("ns/a", "held_by_other"), ("ns/b", "missing")]
+    assert book.tenancy().whole == {UUIDS[2]: ("ns/b",)}
+    acks = {p.name: a for p, a in result.acks}
+    assert acks["a"].containers == {} and not acks["a"].complete and acks["b"].complete
+    # a stale ack on pod a (the corrected one is not written yet) does not bring the record back
+    stale = ack_annotations(acks["b"].model_copy(update={"pod_uid": "ua"}))
+    book.upsert(pod_record(pod_json("a", "ua", NODE, {"m": {GPU: 1}}, annotations=stale, rv="2"), NAMES, NODE))
+    assert book.tenancy().whole == {UUIDS[2]: ("ns/b",)}
+
+
+def test_the_pod_being_admitted_given_devices_nobody_was_assigned_is_refused(book: AdmissionBook) -> None:
+    _same_shape_pair(book, MEM)
+    with pytest.raises(AdmissionError, match=r"not what gpupool assigned \(5 units on GPU-") as err:
+        book.claim(MEM, units(3, 0, 1, 2, 3, 4), kubelet={"ns/new"})
+    assert err.value.reason == "not_assigned" and err.value.pod.name == "new"

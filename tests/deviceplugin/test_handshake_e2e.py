@@ -12,7 +12,7 @@ import grpc
 import pytest
 from kubernetes import client
 
-from deviceplugin.kubelet_standin import ContainerRequest, DeviceManager, KubeletStandin
+from deviceplugin.kubelet_standin import ContainerRequest, DeviceManager, KubeletStandin, Pod
 from deviceplugin.pods import assignment
 from gpupool_deviceplugin.handshake import parse_ack
 from gpupool_deviceplugin.inventory import INVENTORY_ANNOTATION, parse_inventory
@@ -56,10 +56,12 @@ class Cluster:
             init_containers=[spec(c) for c in containers if c.init] or None))
         return self.core.create_namespaced_pod(self.ns, pod).metadata.uid
 
-    def bind(self, name: str, uid: str, containers: dict[str, dict[str, Any]]) -> None:
-        """Bind with the assignment in the Binding's annotations, as the scheduler does."""
+    def bind(self, name: str, uid: str, containers: dict[str, dict[str, Any]] | None) -> None:
+        """Bind with the assignment in the Binding's annotations, as the scheduler does (None: without one,
+        as another scheduler does)."""
+        annotations = assignment(self.node, uid, containers) if containers is not None else None
         body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name, annotations=assignment(self.node, uid, containers)),
+            metadata=client.V1ObjectMeta(name=name, annotations=annotations),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=self.node))
         self.core.create_namespaced_binding(self.ns, body, _preload_content=False)
 
@@ -155,8 +157,11 @@ def test_multi_container_pods_admitted_back_to_back(cluster: Cluster, kubelet: K
     assert plugin.metric("gpupool_deviceplugin_handshake_ambiguous_total", resource=MEM, call="preferred") == 0
 
 
-def test_same_shape_pods_fall_back_to_oldest_first(cluster: Cluster, kubelet: KubeletStandin, plugin) -> None:
-    """The scheduler's gate should prevent this; if it happens, the plugin picks the oldest pod."""
+def test_same_shape_pods_follow_the_order_of_their_binds(cluster: Cluster, kubelet: KubeletStandin, plugin) -> None:
+    """The scheduler's gate should prevent this. If it happens, without the kubelet's PodResources (this
+    stand-in serves none here) the plugin follows the order in which the binds arrived, which is the order
+    in which the kubelet admits pods bound a moment apart: not their age. (With PodResources the plugin
+    knows the pod: test_pod_identity_e2e.py.)"""
     u = cluster.uuids
     containers = [ContainerRequest("m", {MEM: 5})]
     uid_old = cluster.create("old", containers)
@@ -166,11 +171,48 @@ def test_same_shape_pods_fall_back_to_oldest_first(cluster: Cluster, kubelet: Ku
     cluster.bind("old", uid_old, {"m": {"memory": (u[0], 5, 1024)}})
     dm = DeviceManager(kubelet, [GPU, MEM])
     try:
-        assert gpu_of(dm.admit_pod(containers)["m"].devices[MEM]) == u[0]
-        assert gpu_of(dm.admit_pod(containers)["m"].devices[MEM]) == u[1]
+        dm.watches[GPU].wait(lambda lst: lst.unhealthy() == {u[0], u[1]})  # the plugin has seen both binds
+        pods = {}
+        for name in ("new", "old"):  # the kubelet admits them as their binds arrive: pod new first
+            meta = cluster.core.read_namespaced_pod(name, cluster.ns).metadata
+            pods[name] = Pod(cluster.ns, name, meta.uid, meta.creation_timestamp.timestamp(), tuple(containers))
+        new = dm.admit(pods["new"])["m"].devices[MEM]
+        old = dm.admit(pods["old"])["m"].devices[MEM]
+        assert gpu_of(new) == u[1] and gpu_of(old) == u[0]
+        for name, held in (("new", new), ("old", old)):
+            ack = eventually(lambda n=name: (a := cluster.ack(n)) and a.complete and a, what=f"ack on {name}")
+            assert ack.containers == {"m": {MEM: tuple(held)}}
     finally:
         dm.close()
     assert plugin.metric("gpupool_deviceplugin_handshake_ambiguous_total", resource=MEM, call="preferred") == 1
+
+
+def _pod_lists(kube) -> float:
+    """LIST requests for pods across namespaces the API server has served (the plugin's re-lists)."""
+    api = kube.core.api_client
+    method, url, headers, _, _ = api.param_serialize(method="GET", resource_path="/metrics",
+                                                     auth_settings=["BearerToken"])
+    text = api.call_api(method, url, header_params=headers).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("apiserver_request_total{") and 'resource="pods"' in line
+               and 'scope="cluster"' in line and 'verb="LIST"' in line)
+
+
+def test_pods_of_other_schedulers_do_not_relist_on_every_call(kube, cluster: Cluster, kubelet: KubeletStandin,
+                                                              plugin) -> None:
+    """A pod without an assignment is the plugin's to explain once its watch has shown it: its
+    GetPreferredAllocation calls cost no synchronous re-list of the node's pods."""
+    containers = [ContainerRequest("a", {GPU: 1}), ContainerRequest("b", {GPU: 1})]
+    cluster.bind("foreign", cluster.create("foreign", containers), None)
+    gpu = kubelet.plugin(GPU)
+    time.sleep(0.5)  # the watch has delivered the bind
+    gpu.preferred(cluster.uuids, 1)
+    before = _pod_lists(kube)
+    for _ in range(30):
+        assert len(gpu.preferred(cluster.uuids, 1)) == 1
+    # one list per call before; a little slack for other clients of a shared dev cluster listing pods
+    assert _pod_lists(kube) - before <= 5
+    assert plugin.metric("gpupool_deviceplugin_pod_relists_total", reason="sync") <= 1
 
 
 def test_allocations_contradicting_the_node_are_refused(cluster: Cluster, kubelet: KubeletStandin, plugin) -> None:

@@ -1,4 +1,8 @@
-"""Watches the pods bound to this node (field selector spec.nodeName) into the AdmissionBook."""
+"""Watches the pods bound to this node (field selector spec.nodeName) into the AdmissionBook.
+
+Lists carry their resourceVersion into the book, which merges them with the watch events by version: a
+list whose snapshot predates a bind (a re-list asked for by a gRPC call while the watch delivers the bind)
+cannot drop the freshly bound pod or its allocation, and a pod deleted after the snapshot stays deleted."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 from gpupool_deviceplugin.admission import AdmissionBook
+from gpupool_deviceplugin.metrics import PluginMetrics
 from gpupool_deviceplugin.pods import pod_record
 
 log = logging.getLogger(__name__)
@@ -19,8 +24,9 @@ log = logging.getLogger(__name__)
 
 class PodWatcher:
     def __init__(self, api: client.ApiClient, node: str, resources: Collection[str], book: AdmissionBook,
-                 watch_timeout_s: int = 240) -> None:
+                 watch_timeout_s: int = 240, metrics: PluginMetrics | None = None) -> None:
         self.core = client.CoreV1Api(api)
+        self.metrics = metrics
         self.node = node
         self.resources = tuple(resources)
         self.book = book
@@ -50,20 +56,25 @@ class PodWatcher:
             if self._last_list_started >= asked:
                 return True
             try:
-                self._list(timeout_s)
+                self._list(timeout_s, reason="sync")
             except Exception as exc:
                 log.warning("re-listing pods of node %s failed: %s", self.node, exc)
                 return False
             return True
 
-    def _list(self, timeout_s: float = 10.0) -> str:
+    def _list(self, timeout_s: float = 10.0, reason: str = "watch") -> str:
         self._last_list_started = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.relists.labels(reason=reason).inc()
         resp = self.core.list_pod_for_all_namespaces(field_selector=self._selector, _preload_content=False,
                                                      _request_timeout=timeout_s)
         data = json.loads(resp.data)
-        self.book.replace_all(pod_record(item, self.resources, self.node) for item in data.get("items", ()))
+        version = data["metadata"]["resourceVersion"]
+        records = [pod_record(item, self.resources, self.node) for item in data.get("items", ())]
+        if not self.book.replace_all(records, version):
+            log.info("pod list at resourceVersion %s is older than one already applied; ignored", version)
         self.synced.set()
-        return data["metadata"]["resourceVersion"]
+        return version
 
     def _run(self) -> None:
         backoff = 0.5
@@ -103,7 +114,7 @@ class PodWatcher:
                     continue
                 record = pod_record(obj, self.resources, self.node)
                 if kind == "DELETED":
-                    self.book.remove(record.uid)
+                    self.book.remove(record.uid, record.resource_version)
                 else:
                     self.book.upsert(record)
         finally:

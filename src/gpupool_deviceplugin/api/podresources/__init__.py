@@ -1,0 +1,1 @@
+"""Generated kubelet API stubs (see proto/ and hack/gen_proto.py)."""
