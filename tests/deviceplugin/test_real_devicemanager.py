@@ -18,7 +18,14 @@ import grpc
 import pytest
 from kubernetes import client
 
-from deviceplugin.kubelet_harness import CHECKPOINT_FILE, KubeletHarness, Refused, RunOptions, harness_binary
+from deviceplugin.kubelet_harness import (
+    CHECKPOINT_FILE,
+    Checkpoint,
+    KubeletHarness,
+    Refused,
+    RunOptions,
+    harness_binary,
+)
 from deviceplugin.pods import assignment
 from gpupool_deviceplugin.api.podresources.v1 import api_pb2 as pr_pb2
 from gpupool_deviceplugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
@@ -174,9 +181,15 @@ def test_registration_capacity_and_first_checkpoint(node: Node, harness: Kubelet
     # the kubelet's registration dials the plugin back on the endpoint it names, in the kubelet's directory
     assert {p.name for p in kubelet_dir.glob("*.sock")} == {"kubelet.sock", "gpupool-gpu.sock",
                                                              "gpupool-gpu-memory.sock"}
-    cp = harness.checkpoint()
-    assert (kubelet_dir / CHECKPOINT_FILE).is_file()
-    assert cp.entries == () and cp.registered == cap.healthy
+
+    def written() -> Checkpoint | None:  # the manager writes it from its device-update callback, a moment later
+        if not (kubelet_dir / CHECKPOINT_FILE).is_file():
+            return None
+        cp = harness.checkpoint()
+        return cp if cp.registered == cap.healthy else None
+
+    cp = eventually(written, what="the first checkpoint with every registered device")
+    assert cp.entries == ()
 
 
 @e2e

@@ -272,9 +272,11 @@ def test_gpu_reported_unhealthy_is_avoided_without_restart(
     try:
         raw = read_json(kube.core.read_node(node, _preload_content=False))
         uuids = [g.uuid for g in parse_inventory(raw["metadata"]["annotations"]["gpupool.io/gpu-inventory"]).gpus]
+        wait_until(lambda: proc.metric("gpupool_scheduler_gpus", health="healthy") > 0, 30, "the GPU gauges")
+        before = proc.metric("gpupool_scheduler_gpus", health="unhealthy")  # other tests' nodes may have some
         publish_unhealthy(uuids[:3])
-        wait_until(lambda: proc.metric("gpupool_scheduler_gpus", health="unhealthy") == 3, 30,
-                   "the scheduler to see 3 unhealthy GPUs")
+        wait_until(lambda: proc.metric("gpupool_scheduler_gpus", health="unhealthy") == before + 3, 30,
+                   "the scheduler to see 3 more unhealthy GPUs")
         create_pods(kube.core, namespace, [pod("first", proc.name, pool, gpus=1)])
         (first,) = wait_bound(kube, namespace, 1)
         assignment = parse_assignment(first["metadata"]["annotations"])
