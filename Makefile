@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 export GPUPOOL_CACHE ?= $(HOME)/.cache/gpupool
 
 .PHONY: help venv simulate test test-unit test-e2e lint fmt bench bench-sim bench-deviceplugin \
-        bench-cluster-infra proto cluster-bins cluster-up cluster-down clean
+        bench-cluster-infra bench-cluster proto cluster-bins cluster-up cluster-down clean
 
 help: ## list every target with its description (the `## ` comment on its line)
 	@awk '/^[a-zA-Z][a-zA-Z0-9_-]*:([^=]|$$)/ { name = $$0; sub(/:.*/, "", name); \
@@ -42,7 +42,7 @@ fmt: $(VPY) ## ruff --fix: apply ruff's automatic fixes to src, tests and benchm
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 bench: $(VPY) ## all benchmarks: JSON + table in out/bench/
-	$(MAKE) bench-sim bench-deviceplugin bench-cluster-infra
+	$(MAKE) bench-sim bench-deviceplugin bench-cluster-infra bench-cluster
 
 bench-sim: $(VPY) ## simulator wall time per policy + per-decision cost at 1k/5k/20k nodes
 	$(VPY) -m benchmarks.bench_placement --out out/bench
@@ -52,6 +52,9 @@ bench-deviceplugin: $(VPY) ## device plugin ListAndWatch/Allocate latency and RS
 
 bench-cluster-infra: $(VPY) cluster-bins ## 1000 fake GPU nodes + 10k pods: bring-up time and memory
 	$(VPY) -m benchmarks.bench_cluster_infra --out out/bench
+
+bench-cluster: $(VPY) cluster-bins ## gpupool vs kube-scheduler, 1000 nodes x 8 GPUs, 10k pods: pods/s, latency, RSS
+	$(VPY) -m benchmarks.bench_cluster --out out/bench
 
 proto: $(VPY) ## regenerate the kubelet device plugin v1beta1 stubs from proto/
 	$(VPY) hack/gen_proto.py

@@ -25,11 +25,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool_sched.devcluster.client import ClusterClient
-from gpupool_sched.devcluster.cluster import DevCluster
-from gpupool_sched.devcluster.fake_nodes import wait_nodes_ready
-from gpupool_sched.devcluster.fake_pods import create_pods, pod_manifest, wait_pods_phase
-from gpupool_sched.devcluster.process import TrackedProcess
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.cluster import DevCluster
+from gpupool_devcluster.fake_nodes import wait_nodes_ready
+from gpupool_devcluster.fake_pods import create_pods, pod_manifest, wait_pods_phase
+from gpupool_devcluster.process import TrackedProcess
 
 PROFILES = ("dgx-h100", "l40s-pcie", "nvlink-pairs", "a100-mig")
 MEASURED = ("kube-apiserver", "etcd", "kwok")

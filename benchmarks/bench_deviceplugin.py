@@ -34,8 +34,8 @@ from deviceplugin.kubelet_standin import KubeletStandin  # noqa: E402
 from deviceplugin.plugin_process import PluginProcess  # noqa: E402
 from deviceplugin.pods import assignment  # noqa: E402
 
+from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory  # noqa: E402
 from gpupool_deviceplugin.api.v1beta1 import api_pb2  # noqa: E402
-from gpupool_deviceplugin.inventory import INVENTORY_ANNOTATION, parse_inventory  # noqa: E402
 from gpupool_deviceplugin.publication import node_publication_for_profile  # noqa: E402
 
 PROFILE = "dgx-h100"
@@ -95,9 +95,9 @@ def wait(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
 def connect_cluster(allow_start: bool):
     """(ClusterClient, private DevCluster or None), or (None, None) with the reason printed."""
     try:
-        from gpupool_sched.devcluster.client import ClusterClient
-        from gpupool_sched.devcluster.cluster import DevCluster
-        from gpupool_sched.devcluster.layout import DEFAULT_CLUSTER
+        from gpupool_devcluster.client import ClusterClient
+        from gpupool_devcluster.cluster import DevCluster
+        from gpupool_devcluster.layout import DEFAULT_CLUSTER
     except ImportError as exc:
         print(f"no dev cluster support ({exc}); measuring without an API server")
         return None, None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from gpupool_sched.devcluster.client import ClusterClient
+    from gpupool_devcluster.client import ClusterClient
 
 _E2E_DIR = Path(__file__).parent / "e2e"
 
@@ -36,10 +36,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def kube() -> Iterator[ClusterClient]:
-    from gpupool_sched.devcluster.client import ClusterClient
-    from gpupool_sched.devcluster.cluster import DevCluster
-    from gpupool_sched.devcluster.errors import DevClusterError
-    from gpupool_sched.devcluster.layout import DEFAULT_CLUSTER
+    from gpupool_devcluster.client import ClusterClient
+    from gpupool_devcluster.cluster import DevCluster
+    from gpupool_devcluster.errors import DevClusterError
+    from gpupool_devcluster.layout import DEFAULT_CLUSTER
 
     requested = os.environ.get("GPUPOOL_E2E_CLUSTER")
     fresh = os.environ.get("GPUPOOL_E2E_FRESH") == "1"

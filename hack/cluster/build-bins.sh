@@ -136,7 +136,7 @@ build_kubelet_harness() {
              "re-pin it with hack/kubelet-harness/pin.sh" >&2
         exit 2
     fi
-    # same key as gpupool_sched.devcluster.binaries.kubelet_harness_key(): the sources, in name order
+    # same key as gpupool_devcluster.binaries.kubelet_harness_key(): the sources, in name order
     key="$(cd "$dir" && LC_ALL=C ls go.mod go.sum *.go | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-12)"
     COMPONENT_DIR="$dir" COMPONENT_KEY="$key" build_component kubelet-harness k8s.io/kubernetes "-s -w" \
         kubelet-harness gpupool.local/hack/kubelet-harness

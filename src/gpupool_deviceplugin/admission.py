@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
-from gpupool_deviceplugin.handshake import ASSIGNMENT_ANNOTATION, AllocationAck, MemoryShare
+from gpupool_common.handshake import ASSIGNMENT_ANNOTATION, AllocationAck, MemoryShare
 from gpupool_deviceplugin.pods import ContainerSpec, PodRecord
 from gpupool_deviceplugin.resources import ResourceSpec, split_memory_unit_id
 

@@ -14,16 +14,16 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from gpupool_common.gpu_sets import best_gpu_set
+from gpupool_common.handshake import AllocationAck
+from gpupool_common.inventory import NodeInventory
 from gpupool_deviceplugin.admission import AdmissionBook, AdmissionError, Claim, KubeletPod, Refusal
 from gpupool_deviceplugin.api.v1beta1 import api_pb2
 from gpupool_deviceplugin.config import PluginConfig
-from gpupool_deviceplugin.handshake import AllocationAck
-from gpupool_deviceplugin.inventory import NodeInventory
 from gpupool_deviceplugin.metrics import PluginMetrics
 from gpupool_deviceplugin.pods import PodRecord
 from gpupool_deviceplugin.resources import ResourceSpec, split_memory_unit_id
 from gpupool_deviceplugin.responses import container_response
-from gpupool_sched.placement.topology import best_gpu_set
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 import pynvml
 
+from gpupool_common.inventory import NodeInventory
 from gpupool_deviceplugin.admission import AdmissionBook
 from gpupool_deviceplugin.allocator import AckSink, Allocator
 from gpupool_deviceplugin.board import DeviceBoard
 from gpupool_deviceplugin.config import PluginConfig
 from gpupool_deviceplugin.discovery import discover
 from gpupool_deviceplugin.health import HealthMonitor
-from gpupool_deviceplugin.inventory import NodeInventory
 from gpupool_deviceplugin.metrics import PluginMetrics, StatusServer
 from gpupool_deviceplugin.nvml.session import NvmlSession
 from gpupool_deviceplugin.publication import build_publication

@@ -8,9 +8,9 @@ from itertools import combinations
 
 import pynvml
 
-from gpupool_deviceplugin.inventory import Gpu, GpuPair, MigDevice, NodeInventory
+from gpupool_common.inventory import Gpu, GpuPair, MigDevice, NodeInventory
+from gpupool_common.topology import PcieLevel
 from gpupool_deviceplugin.nvml.session import MigInfo, NvmlSession
-from gpupool_sched.model.topology import PcieLevel
 
 log = logging.getLogger(__name__)
 

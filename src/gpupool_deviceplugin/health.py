@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import pynvml
 
+from gpupool_common.inventory import NodeInventory
 from gpupool_deviceplugin.board import DeviceBoard
 from gpupool_deviceplugin.config import HealthConfig
-from gpupool_deviceplugin.inventory import NodeInventory
 from gpupool_deviceplugin.metrics import PluginMetrics
 from gpupool_deviceplugin.nvml.session import HealthEvent, NvmlSession
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gpupool_deviceplugin.handshake import (
+from gpupool_common.handshake import (
     AllocationAck,
     Assignment,
     HandshakeError,

@@ -9,9 +9,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpupool_common.inventory import INVENTORY_ANNOTATION, NodeInventory
 from gpupool_deviceplugin.config import PluginConfig
 from gpupool_deviceplugin.discovery import discover
-from gpupool_deviceplugin.inventory import INVENTORY_ANNOTATION, NodeInventory
 from gpupool_deviceplugin.nvml.session import open_fake
 from gpupool_deviceplugin.resources import ResourceSpec, build_resources, sharing_of
 

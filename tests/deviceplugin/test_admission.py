@@ -8,9 +8,7 @@ import json
 import pytest
 
 from deviceplugin.pods import assignment, pod_json
-from gpupool_deviceplugin.admission import AdmissionBook, AdmissionError, KubeletPod, Refusal
-from gpupool_deviceplugin.config import PluginConfig
-from gpupool_deviceplugin.handshake import (
+from gpupool_common.handshake import (
     ACK_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     Assignment,
@@ -22,6 +20,8 @@ from gpupool_deviceplugin.handshake import (
     parse_assignment,
     shapes_conflict,
 )
+from gpupool_deviceplugin.admission import AdmissionBook, AdmissionError, KubeletPod, Refusal
+from gpupool_deviceplugin.config import PluginConfig
 from gpupool_deviceplugin.pods import pod_record
 from gpupool_deviceplugin.publication import node_publication_for_profile
 from gpupool_deviceplugin.resources import build_resources, memory_unit_id

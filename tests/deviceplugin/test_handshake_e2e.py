@@ -14,8 +14,8 @@ from kubernetes import client
 
 from deviceplugin.kubelet_standin import ContainerRequest, DeviceManager, KubeletStandin, Pod
 from deviceplugin.pods import assignment
-from gpupool_deviceplugin.handshake import parse_ack
-from gpupool_deviceplugin.inventory import INVENTORY_ANNOTATION, parse_inventory
+from gpupool_common.handshake import parse_ack
+from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory
 from gpupool_deviceplugin.publication import OWNED_LABELS
 from gpupool_deviceplugin.resources import split_memory_unit_id
 

@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from deviceplugin.kubelet_standin import ContainerRequest, DeviceManager, KubeletStandin, Pod
 from deviceplugin.test_handshake_e2e import Cluster, eventually, gpu_of
-from gpupool_deviceplugin.handshake import ACK_ANNOTATION
+from gpupool_common.handshake import ACK_ANNOTATION
 from gpupool_deviceplugin.resources import split_memory_unit_id
 
 pytestmark = pytest.mark.e2e

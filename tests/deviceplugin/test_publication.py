@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from gpupool_common.inventory import INVENTORY_ANNOTATION, InventoryError, parse_inventory
 from gpupool_deviceplugin.config import parse_config
-from gpupool_deviceplugin.inventory import INVENTORY_ANNOTATION, InventoryError, parse_inventory
 from gpupool_deviceplugin.kube.node_publisher import node_patch
 from gpupool_deviceplugin.publication import node_publication_for_profile
 

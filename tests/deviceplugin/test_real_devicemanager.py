@@ -27,10 +27,10 @@ from deviceplugin.kubelet_harness import (
     harness_binary,
 )
 from deviceplugin.pods import assignment
+from gpupool_common.handshake import AllocationAck, parse_ack
+from gpupool_common.inventory import INVENTORY_ANNOTATION, NodeInventory, parse_inventory
 from gpupool_deviceplugin.api.podresources.v1 import api_pb2 as pr_pb2
 from gpupool_deviceplugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from gpupool_deviceplugin.handshake import AllocationAck, parse_ack
-from gpupool_deviceplugin.inventory import INVENTORY_ANNOTATION, NodeInventory, parse_inventory
 from gpupool_deviceplugin.resources import split_memory_unit_id
 
 GPU, MEM = "nvidia.com/gpu", "nvidia.com/gpu-memory"

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpupool_deviceplugin.handshake import parse_assignment
-from gpupool_deviceplugin.inventory import parse_inventory
-from gpupool_sched.devcluster.client import ClusterClient
-from gpupool_sched.devcluster.raw import discard, read_json
+from gpupool_common.handshake import parse_assignment
+from gpupool_common.inventory import parse_inventory
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.raw import discard, read_json
 
 POOL_LABEL = "gpupool.io/test-pool"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool_sched.devcluster.client import ClusterClient
+from gpupool_devcluster.client import ClusterClient
 
 GPUPOOL = Path(sys.executable).parent / "gpupool"  # the console script of this environment
 

@@ -13,8 +13,8 @@ from typing import TypeVar
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupool_sched.devcluster.client import ClusterClient
-from gpupool_sched.devcluster.cluster import DevCluster
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.cluster import DevCluster
 
 
 def test_up_twice_reuses_and_down_leaves_no_process_or_data() -> None:

@@ -18,12 +18,12 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpupool_devcluster.binaries import helm_binary, pinned_version
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.fake_nodes import PROFILE_LABEL
+from gpupool_devcluster.fake_pods import create_pods, pod_manifest, wait_pod_phase
+from gpupool_devcluster.kubeconfig import api_client
 from gpupool_deviceplugin.publication import node_publication_for_profile
-from gpupool_sched.devcluster.binaries import helm_binary, pinned_version
-from gpupool_sched.devcluster.client import ClusterClient
-from gpupool_sched.devcluster.fake_nodes import PROFILE_LABEL
-from gpupool_sched.devcluster.fake_pods import create_pods, pod_manifest, wait_pod_phase
-from gpupool_sched.devcluster.kubeconfig import api_client
 
 PROFILES = ("dgx-h100", "l40s-pcie", "nvlink-pairs", "a100-mig")
 

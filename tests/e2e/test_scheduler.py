@@ -24,11 +24,11 @@ from scheduler_harness import (
     wait_until,
 )
 
-from gpupool_deviceplugin.handshake import parse_assignment
-from gpupool_deviceplugin.inventory import parse_inventory
-from gpupool_sched.devcluster.client import ClusterClient
-from gpupool_sched.devcluster.fake_pods import create_pods
-from gpupool_sched.devcluster.raw import discard, read_json
+from gpupool_common.handshake import parse_assignment
+from gpupool_common.inventory import parse_inventory
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.fake_pods import create_pods
+from gpupool_devcluster.raw import discard, read_json
 
 NVLINK_PAIRS = {frozenset(p) for p in ((0, 2), (1, 3), (4, 6), (5, 7))}  # nvlink-pairs.yaml
 

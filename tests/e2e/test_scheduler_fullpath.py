@@ -43,11 +43,11 @@ from scheduler_harness import (
     wait_until,
 )
 
-from gpupool_deviceplugin.handshake import AllocationAck, Assignment, parse_ack, parse_assignment
+from gpupool_common.handshake import AllocationAck, Assignment, parse_ack, parse_assignment
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.fake_nodes import fake_node_manifest, publication_for_profile
+from gpupool_devcluster.raw import discard, read_json
 from gpupool_deviceplugin.resources import split_memory_unit_id
-from gpupool_sched.devcluster.client import ClusterClient
-from gpupool_sched.devcluster.fake_nodes import fake_node_manifest, publication_for_profile
-from gpupool_sched.devcluster.raw import discard, read_json
 
 GPU, MEM = "nvidia.com/gpu", "nvidia.com/gpu-memory"
 PROFILE = "l40s-pcie"  # 4 GPUs, 44 units of 1 GiB each, no MIG

@@ -19,8 +19,8 @@ from scheduler_harness import (
     wait_until,
 )
 
-from gpupool_sched.devcluster.client import ClusterClient
-from gpupool_sched.devcluster.fake_pods import create_pods
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.fake_pods import create_pods
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpupool_deviceplugin.handshake import (
+from gpupool_common.handshake import (
     AllocationAck,
     Assignment,
     ContainerAssignment,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpupool_deviceplugin.handshake import (
+from gpupool_common.handshake import (
     AllocationAck,
     ack_annotations,
     assignment_annotations,

@@ -8,6 +8,7 @@ import io
 import re
 import shutil
 import subprocess
+import tomllib
 import types
 from importlib import metadata
 from pathlib import Path
@@ -42,7 +43,7 @@ def without_dev_extras(monkeypatch: pytest.MonkeyPatch) -> None:
     """As if `pip install gpupool` had run without `[dev]`: the dev cluster's module cannot import."""
 
     def import_module(name: str) -> types.ModuleType:
-        if name == "gpupool_sched.devcluster.cli":
+        if name == "gpupool_devcluster.cli":
             raise ModuleNotFoundError("No module named 'cryptography'", name="cryptography")
         return importlib.import_module(name)
 
@@ -68,6 +69,39 @@ def test_the_missing_extra_shows_in_the_command_list(without_dev_extras) -> None
     assert code == 0
     assert "(unavailable: cryptography is not installed; pip install 'gpupool[dev]')" in " ".join(out.split())
     assert "simulate" in out
+
+
+@pytest.mark.parametrize("missing", ["numpy", "kopf", "matplotlib"])
+@pytest.mark.parametrize("command", ["simulate", "scheduler"])
+def test_without_the_scheduler_extra_its_commands_name_it(monkeypatch: pytest.MonkeyPatch, missing: str,
+                                                          command: str) -> None:
+    """As after a plain `pip install gpupool` (the device plugin only). kopf and matplotlib are imported only
+    when a command runs, so they must be found missing before, not as a traceback mid-run."""
+    real = gpupool_cli.find_spec
+    monkeypatch.setattr(gpupool_cli, "find_spec", lambda name: None if name == missing else real(name))
+    code, _, err = run([command, "--help"])
+    assert code == 2
+    assert err.strip() == (f"gpupool {command}: error: needs the 'scheduler' extra (Python package {missing!r} is "
+                           "not installed): pip install 'gpupool[scheduler]'")
+
+
+def test_every_extra_module_is_in_that_extra_of_pyproject() -> None:
+    """The modules the CLI probes for come from distributions pyproject puts in that extra (or one it includes)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+
+    def names(extra: str) -> set[str]:
+        found: set[str] = set()
+        for requirement in extras[extra]:
+            name = re.split(r"[<>=!~;\s\[]", requirement, maxsplit=1)[0].lower()
+            found |= names(requirement.split("[")[1].split("]")[0]) if name == "gpupool" else {name}
+        return found
+
+    distributions = metadata.packages_distributions()
+    for extra, modules in gpupool_cli.EXTRA_MODULES.items():
+        for module in modules:
+            assert {d.lower() for d in distributions[module]} & names(extra), (module, extra)
+    assert set(gpupool_cli.SUBCOMMANDS.values()) <= set(gpupool_cli.EXTRA_MODULES)
 
 
 def makefile_targets() -> dict[str, str]:

@@ -7,10 +7,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from gpupool_common.topology import NodeTopology, PcieLevel
 from gpupool_sched.model.cluster import ClusterSnapshot, GpuSpec, MigSlice, NodeSpec
 from gpupool_sched.model.decision import Placement, Unschedulable
 from gpupool_sched.model.request import GpuShape, InvalidRequest, PodRequest
-from gpupool_sched.model.topology import NodeTopology, PcieLevel
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.registry import POLICIES, build_policy

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpupool_common.topology import NodeTopology
 from gpupool_sched.model.cluster import ClusterSnapshot, GpuSpec, MigSlice, NodeSpec, UnknownNode
 from gpupool_sched.model.constraints import NodeConstraints, Taint, Toleration
 from gpupool_sched.model.decision import Placement, Unschedulable
 from gpupool_sched.model.request import GpuShape, PodRequest
-from gpupool_sched.model.topology import NodeTopology
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.registry import build_policy

@@ -1,4 +1,4 @@
-"""Topology scoring and best GPU set (gpupool_sched.placement.topology)."""
+"""Topology scoring and best GPU set (gpupool_common.gpu_sets)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool_sched.model.topology import NodeTopology, PcieLevel
-from gpupool_sched.placement import topology as topo
-from gpupool_sched.placement.topology import best_gpu_set, pair_score, set_score
+from gpupool_common import gpu_sets as topo
+from gpupool_common.gpu_sets import best_gpu_set, pair_score, set_score
+from gpupool_common.topology import NodeTopology, PcieLevel
 
 
 def nvlink_pairs() -> NodeTopology:

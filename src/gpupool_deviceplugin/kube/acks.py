@@ -17,7 +17,7 @@ from collections.abc import Callable
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupool_deviceplugin.handshake import AllocationAck, ack_annotations
+from gpupool_common.handshake import AllocationAck, ack_annotations
 from gpupool_deviceplugin.metrics import PluginMetrics
 from gpupool_deviceplugin.pods import PodRecord
 

@@ -20,8 +20,8 @@ from gpupool_sched.model.constraints import HARD_EFFECTS, Taint
 from gpupool_sched.model.request import MILLI, PodRequest
 
 if TYPE_CHECKING:
+    from gpupool_common.topology import NodeTopology
     from gpupool_sched.model.decision import Placement
-    from gpupool_sched.model.topology import NodeTopology
 
 ABSENT = -1  # free_milli of a GPU slot that does not exist or is split into MIG slices
 

@@ -13,12 +13,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from gpupool_common.gpu_sets import best_gpu_set
 from gpupool_sched.model.cluster import ClusterSnapshot
 from gpupool_sched.model.decision import Decision, Placement, Unschedulable
 from gpupool_sched.model.request import GpuShape, PodRequest
 from gpupool_sched.placement.filters import GpuShapesFit, shape_states
 from gpupool_sched.placement.framework import CycleState, FilterPlugin, Policy
-from gpupool_sched.placement.topology import best_gpu_set
 
 MAX_NODE_SCORE = 100
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpupool_common.gpu_sets import NVLINK_SCORE, best_gpu_set, set_score
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.fgd import GPU_CHOICE, FgdScore
 from gpupool_sched.placement.filters import default_filters
@@ -25,7 +26,6 @@ from gpupool_sched.placement.framework import CycleState, GpuSelector, Policy, S
 from gpupool_sched.placement.gpu_selection import ScorerChoice, TightestFit, lowest_free
 from gpupool_sched.placement.scarcity import ScarcityScore
 from gpupool_sched.placement.stranding import StrandingScore
-from gpupool_sched.placement.topology import NVLINK_SCORE, best_gpu_set, set_score
 
 STRANDING_WEIGHT = 25.0  # FGD points per GPU a placement strands
 SCARCITY_WEIGHT = 40.0  # FGD points per GPU taken from a model whose constrained demand equals its supply

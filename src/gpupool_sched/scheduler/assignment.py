@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
-from gpupool_deviceplugin.handshake import AllocationAck, Assignment, ContainerAssignment, MemoryShare
+from gpupool_common.handshake import AllocationAck, Assignment, ContainerAssignment, MemoryShare
 from gpupool_sched.model.cluster import GpuSpec, NodeSpec
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import MILLI, GpuShape, PodRequest

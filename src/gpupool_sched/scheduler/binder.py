@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpupool_deviceplugin.handshake import assignment_annotations
+from gpupool_common.handshake import assignment_annotations
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.scheduler.assignment import build_assignment
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi

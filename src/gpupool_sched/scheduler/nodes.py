@@ -15,7 +15,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from gpupool_deviceplugin.inventory import INVENTORY_ANNOTATION, InventoryError, NodeInventory, parse_inventory
+from gpupool_common.inventory import INVENTORY_ANNOTATION, InventoryError, NodeInventory, parse_inventory
 from gpupool_sched.model.cluster import GpuSpec, MigSlice, NodeSpec
 from gpupool_sched.model.constraints import Taint
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpupool_deviceplugin.handshake import Assignment, HandshakeError, parse_ack, parse_assignment
+from gpupool_common.handshake import Assignment, HandshakeError, parse_ack, parse_assignment
 from gpupool_sched.model.cluster import ClusterSnapshot, NodeSpec
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest

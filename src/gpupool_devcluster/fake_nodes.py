@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupool_sched.devcluster.errors import DevClusterError
-from gpupool_sched.devcluster.raw import discard, read_json
+from gpupool_devcluster.errors import DevClusterError
+from gpupool_devcluster.raw import discard, read_json
 
 if TYPE_CHECKING:
     from gpupool_deviceplugin.publication import NodePublication

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from gpupool_sched.devcluster.errors import DevClusterError
+from gpupool_devcluster.errors import DevClusterError
 
 # component -> (module whose version names the cache folder, executables built into it)
 COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -34,7 +34,7 @@ def repo_root() -> Path:
     """The gpupool checkout this package runs from (an editable install), or `$GPUPOOL_REPO`."""
     configured = os.environ.get("GPUPOOL_REPO")
     candidates = [Path(configured)] if configured else []
-    candidates += [Path(__file__).resolve().parents[3], Path.cwd()]
+    candidates += [Path(__file__).resolve().parents[2], Path.cwd()]
     for candidate in candidates:
         if (candidate / "hack" / "cluster" / "gomod").is_dir():
             return candidate

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool_sched.devcluster.errors import DevClusterError
+from gpupool_devcluster.errors import DevClusterError
 
 # processes started by this interpreter, by pid, so their exit status can be collected
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}

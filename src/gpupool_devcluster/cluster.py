@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool_sched.devcluster import components
-from gpupool_sched.devcluster.binaries import ClusterBinaries
-from gpupool_sched.devcluster.errors import DevClusterError
-from gpupool_sched.devcluster.kubeconfig import write_kubeconfig
-from gpupool_sched.devcluster.layout import DEFAULT_CLUSTER, ClusterLayout, ClusterState
-from gpupool_sched.devcluster.pki import TOKEN_USERS, ClusterPki
-from gpupool_sched.devcluster.process import TrackedProcess, start
+from gpupool_devcluster import components
+from gpupool_devcluster.binaries import ClusterBinaries
+from gpupool_devcluster.errors import DevClusterError
+from gpupool_devcluster.kubeconfig import write_kubeconfig
+from gpupool_devcluster.layout import DEFAULT_CLUSTER, ClusterLayout, ClusterState
+from gpupool_devcluster.pki import TOKEN_USERS, ClusterPki
+from gpupool_devcluster.process import TrackedProcess, start
 
 CORE_COMPONENTS = ("etcd", "kube-apiserver", "kwok")
 OPTIONAL_COMPONENTS = ("kube-controller-manager", "kube-scheduler")

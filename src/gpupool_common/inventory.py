@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpupool_sched.model.topology import NodeTopology, PcieLevel
+from gpupool_common.topology import NodeTopology, PcieLevel
 
 INVENTORY_ANNOTATION = "gpupool.io/gpu-inventory"
 INVENTORY_VERSION = 1

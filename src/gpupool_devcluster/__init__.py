@@ -1,5 +1,8 @@
 """A real local Kubernetes control plane for tests, demos and benchmarks (docs/dev-cluster.md).
 
+Developer tooling, not part of the scheduler or the device plugin: it may import both (fake nodes are the
+plugin's publication of a fake NVML profile); neither imports it. Needs the `dev` extra.
+
 binaries.py    where the Go-built parts and etcd are; versions read from hack/cluster/gomod/*/go.mod
 layout.py      one cluster's files (kubeconfig, pki, pid files, logs) and its state.json
 pki.py         local CA, apiserver serving cert, service-account keys, bearer tokens

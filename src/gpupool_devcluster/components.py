@@ -15,10 +15,10 @@ from pathlib import Path
 
 import yaml
 
-from gpupool_sched.devcluster.binaries import ClusterBinaries
-from gpupool_sched.devcluster.errors import DevClusterError
-from gpupool_sched.devcluster.layout import ClusterLayout, ClusterState
-from gpupool_sched.devcluster.process import TrackedProcess
+from gpupool_devcluster.binaries import ClusterBinaries
+from gpupool_devcluster.errors import DevClusterError
+from gpupool_devcluster.layout import ClusterLayout, ClusterState
+from gpupool_devcluster.process import TrackedProcess
 
 LOOPBACK = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -39,11 +39,11 @@ def free_port() -> int:
 
 
 def kwok_stages_file() -> Path:
-    return Path(str(resources.files("gpupool_sched.devcluster") / "kwok-stages.yaml"))
+    return Path(str(resources.files("gpupool_devcluster") / "kwok-stages.yaml"))
 
 
 def kwok_config_file() -> Path:
-    return Path(str(resources.files("gpupool_sched.devcluster") / "kwok-config.yaml"))
+    return Path(str(resources.files("gpupool_devcluster") / "kwok-config.yaml"))
 
 
 def etcd_argv(bins: ClusterBinaries, state: ClusterState) -> list[str]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from itertools import combinations
 from math import comb
 
-from gpupool_sched.model.topology import NodeTopology, PcieLevel
+from gpupool_common.topology import NodeTopology, PcieLevel
 
 NVLINK_SCORE = 100
 PCIE_SCORE: dict[PcieLevel, int] = {
