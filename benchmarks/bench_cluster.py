@@ -49,15 +49,15 @@ from rich.table import Table
 
 from benchmarks.bench_cluster_infra import _status_mib
 from benchmarks.bench_placement import decision_cost
-from gpupool_sched.devcluster import components
-from gpupool_sched.devcluster.client import ClusterClient
-from gpupool_sched.devcluster.cluster import DevCluster
-from gpupool_sched.devcluster.errors import DevClusterError
-from gpupool_sched.devcluster.fake_nodes import fake_node_manifest, publication_for_profile
-from gpupool_sched.devcluster.fake_pods import pod_manifest
-from gpupool_sched.devcluster.kubeconfig import api_client
-from gpupool_sched.devcluster.process import TrackedProcess, start
-from gpupool_sched.devcluster.raw import discard, read_json
+from gpupool_devcluster import components
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.cluster import DevCluster
+from gpupool_devcluster.errors import DevClusterError
+from gpupool_devcluster.fake_nodes import fake_node_manifest, publication_for_profile
+from gpupool_devcluster.fake_pods import pod_manifest
+from gpupool_devcluster.kubeconfig import api_client
+from gpupool_devcluster.process import TrackedProcess, start
+from gpupool_devcluster.raw import discard, read_json
 from gpupool_sched.placement.sampling import nodes_to_score
 from gpupool_sched.placement.workload import RollingProfile
 from gpupool_sched.scheduler.state import ClusterState
@@ -77,14 +77,16 @@ Log = Callable[[str], None]
 
 class BindWatch:
     """When each pod of `namespace` is first seen with spec.nodeName (local monotonic time), from a watch
-    read on a thread. A watch that breaks is resumed after a LIST; pods first seen bound on such a LIST
-    are counted in `relisted` (their time is the LIST's, later than the bind)."""
+    read on a thread; also when each pod is first seen at all (`added`: the watch's own delay, measured
+    against the create call's return). A watch that breaks is resumed after a LIST; pods first seen bound
+    on such a LIST are counted in `relisted` (their time is the LIST's, later than the bind)."""
 
     def __init__(self, core: client.CoreV1Api, namespace: str, on_bound: Callable[[int], None] | None = None) -> None:
         self.core = core
         self.namespace = namespace
         self.on_bound = on_bound
         self.bound: dict[str, float] = {}
+        self.added: dict[str, float] = {}
         self.relisted = 0
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -116,6 +118,7 @@ class BindWatch:
         now = time.monotonic()
         for item in listing["items"]:
             name = item["metadata"]["name"]
+            self.added.setdefault(name, now)
             if (item.get("spec") or {}).get("nodeName") and name not in self.bound:
                 self.relisted += 0 if first else 1
                 self._seen(name, now)
@@ -154,8 +157,11 @@ class BindWatch:
                 if event["type"] == "ERROR":  # 410 Gone: too old a version; list again
                     return None
                 version = obj["metadata"]["resourceVersion"]
-                if event["type"] in ("ADDED", "MODIFIED") and (obj.get("spec") or {}).get("nodeName"):
-                    self._seen(obj["metadata"]["name"], seen)
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    name = obj["metadata"]["name"]
+                    self.added.setdefault(name, seen)
+                    if (obj.get("spec") or {}).get("nodeName"):
+                        self._seen(name, seen)
             return version
         finally:
             with self._lock:
@@ -168,6 +174,7 @@ class BindWatch:
 @dataclass(frozen=True)
 class Binds:
     bound: dict[str, float]
+    added: dict[str, float]
     relisted: int
     errors: list[str]
 
@@ -179,7 +186,7 @@ def _watch_process(kubeconfig: str, namespace: str, count: Any, ready: Any, stop
     ready.set()
     stop.wait()
     watch.stop()
-    results.send(Binds(watch.bound, watch.relisted, watch.errors))
+    results.send(Binds(watch.bound, watch.added, watch.relisted, watch.errors))
 
 
 class WatchProcess:
@@ -393,6 +400,7 @@ class RunResult:
     seconds: float  # first create (backlog: scheduler start) -> last bind
     pods_per_s: float
     latency_ms: dict[str, float]  # creation -> bound: p50, p90, p99, max
+    watch_lag_ms: dict[str, float]  # create call returned -> pod first seen on the watch: p50, p99
     create_s: float  # first create sent -> last create returned
     create_per_s: float
     ready_s: float  # scheduler spawn -> healthy
@@ -404,6 +412,8 @@ class RunResult:
     watch_errors: list[str]
     timeline_s: list[float]  # seconds from the start at which the k-th pod was bound (sampled)
     timeline_n: list[int]
+    created_s: list[float]  # the same for the creates (negative for a backlog: before the start)
+    created_n: list[int]
     metrics: dict[str, float] = field(default_factory=dict)  # gpupool's own /metrics at the end
     load_before: float = 0.0  # 1-minute load average before the run (other work on the machine)
     timed_out: bool = False
@@ -559,11 +569,11 @@ def _result(
     bound = binds.bound
     times = sorted(t - began for t in bound.values())
     latencies = sorted(max(0.0, t - created[n]) for n, t in bound.items() if n in created)
+    lags = sorted(t - created[n] for n, t in binds.added.items() if n in created)
     seconds = times[-1] if times else float("nan")
-    step = max(1, len(times) // TIMELINE_POINTS)
-    picks = [*range(step - 1, len(times), step)]
-    if times and picks[-1] != len(times) - 1:
-        picks.append(len(times) - 1)
+    picks = _sample_indices(len(times))
+    creates = sorted(t - began for t in created.values())
+    create_picks = _sample_indices(len(creates))
     create_s = create_ended - create_began
     return RunResult(
         mode=spec.mode,
@@ -575,6 +585,7 @@ def _result(
         pods_per_s=round(len(bound) / seconds, 1) if times and seconds > 0 else 0.0,
         latency_ms={q: round(1000 * percentile(latencies, v), 1)
                     for q, v in (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))},
+        watch_lag_ms={q: round(1000 * percentile(lags, v), 1) for q, v in (("p50", 50), ("p99", 99))},
         create_s=round(create_s, 2),
         create_per_s=round(spec.pods / create_s, 1) if create_s > 0 else 0.0,
         ready_s=round(launched.ready_s, 2),
@@ -586,10 +597,21 @@ def _result(
         watch_errors=binds.errors[:5],
         timeline_s=[round(times[i], 3) for i in picks],
         timeline_n=[i + 1 for i in picks],
+        created_s=[round(creates[i], 3) for i in create_picks],
+        created_n=[i + 1 for i in create_picks],
         metrics=metrics,
         load_before=round(load_before, 2),
         timed_out=timed_out,
     )
+
+
+def _sample_indices(n: int) -> list[int]:
+    """About TIMELINE_POINTS evenly spread indices of n sorted values, the last one included."""
+    step = max(1, n // TIMELINE_POINTS)
+    picks = [*range(step - 1, n, step)]
+    if n and picks[-1] != n - 1:
+        picks.append(n - 1)
+    return picks
 
 
 # ---------------------------------------------------------------- decision cost of the core
@@ -742,11 +764,15 @@ def _row(r: RunResult, ratio: dict[str, float] | None) -> list[str]:
         f"{r.latency_ms['p99']:.0f}{rel('p99_ms')}",
         f"{r.rss_peak_mib:.0f}{rel('rss_peak_mib')}",
         f"{r.cpu_s['scheduler']:.1f}{rel('cpu_s')}",
+        f"{r.cpu_s.get('kube-apiserver', 0.0):.1f}",
         f"{r.create_per_s:.0f}",
     ]
 
 
-HEADERS = ("mode", "scheduler", "bound", "s", "pods/s", "p50 ms", "p99 ms", "peak RSS MiB", "CPU s", "created/s")
+HEADERS = (
+    "mode", "scheduler", "bound", "s", "pods/s", "p50 ms", "p99 ms", "peak RSS MiB", "CPU s", "apiserver CPU s",
+    "created/s",
+)
 
 
 def targets(report: ClusterReport) -> list[tuple[str, str, str]]:
@@ -843,6 +869,9 @@ def plot(report: ClusterReport, out: Path) -> Path | None:
         for r in (r for r in report.runs if r.mode == mode):
             ax.plot([0.0, *r.timeline_s], [0, *r.timeline_n], color=colours[r.scheduler],
                     label=f"{r.scheduler}: {r.pods_per_s:.0f} pods/s, p99 {r.latency_ms['p99'] / 1000:.1f} s")
+            if mode != "backlog":
+                ax.plot(r.created_s, r.created_n, color=colours[r.scheduler], linestyle=":", linewidth=1,
+                        label=f"created for {r.scheduler}")
         start = "scheduler start" if mode == "backlog" else "first create"
         ax.set_title(f"{mode} ({report.paced_rate:g} pods/s arriving)" if mode == "paced" else mode)
         ax.set_xlabel(f"seconds since {start}")
