@@ -80,6 +80,19 @@ class KubeApi:
         except Exception as exc:  # urllib3 errors and the like
             raise ApiError.from_exception(exc) from None
 
+    async def write(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """A write whose answer is not needed: the raw response is drained and its connection handed
+        back to the pool in the worker thread (an unreleased one costs a new TLS handshake per call)."""
+
+        def send() -> None:
+            resp = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
+            try:
+                resp.drain_conn()
+            finally:
+                resp.release_conn()
+
+        await self.call(send)
+
     # ---- reads ---------------------------------------------------------------------------------
     def list_raw_sync(self, path: str, page: int = 500) -> tuple[list[dict[str, Any]], str]:
         """All objects at `path` (paginated) and the list's resourceVersion."""
@@ -127,10 +140,7 @@ class KubeApi:
             "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": dict(annotations)},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        await self.call(
-            self.core.create_namespaced_binding, namespace, body,
-            _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S,
-        )
+        await self.write(self.core.create_namespaced_binding, namespace, body)
 
     async def post_event(
         self, pod: Mapping[str, str], *, kind: str, reason: str, message: str, action: str = "Scheduling"
@@ -154,8 +164,7 @@ class KubeApi:
             "lastTimestamp": now,
             "count": 1,
         }
-        await self.call(self.core.create_namespaced_event, pod["namespace"], body,
-                        _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S)
+        await self.write(self.core.create_namespaced_event, pod["namespace"], body)
 
     async def set_unschedulable(self, namespace: str, name: str, message: str) -> None:
         """PodScheduled=False, reason Unschedulable: what `kubectl describe` and autoscalers read."""
@@ -163,11 +172,8 @@ class KubeApi:
             "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
             "message": message[:1024], "lastTransitionTime": now_rfc3339(),
         }]}}
-        await self.call(
-            self.core.patch_namespaced_pod_status, name, namespace, patch,
-            _content_type="application/strategic-merge-patch+json",
-            _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S,
-        )
+        await self.write(self.core.patch_namespaced_pod_status, name, namespace, patch,
+                         _content_type="application/strategic-merge-patch+json")
 
     # ---- leases (leader election) ---------------------------------------------------------------
     def read_lease_sync(self, namespace: str, name: str) -> dict[str, Any] | None:
