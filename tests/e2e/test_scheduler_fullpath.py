@@ -469,9 +469,10 @@ def test_pods_get_exactly_their_assigned_devices_through_the_plugin(
         wait_until(ledger_agrees, 15, "the scheduler's per-node GPUs and units to match the acks", interval=0.2)
         assert proc.metric("gpupool_scheduler_gate_timeouts") == 0
         assert proc.metric("gpupool_scheduler_bind_failures_total") == 0
-        # every GetPreferredAllocation was answered from an assignment (one per container), none by topology
+        # every GetPreferredAllocation was answered from an assignment, none by topology (the kubelet skips
+        # the call when exactly as many devices are free as the container asks for, so some may be missing)
         preferred = preferred_sources(pool)
-        assert preferred["assignment"] - preferred_before["assignment"] == len(manifests), preferred
+        assert 1 <= preferred["assignment"] - preferred_before["assignment"] <= len(manifests), preferred
         assert preferred["topology"] == preferred_before["topology"], preferred
         for n in pool.nodes.values():
             assert plugin_counter(n.plugin, "gpupool_deviceplugin_handshake_ambiguous_total") == 0, n.name
