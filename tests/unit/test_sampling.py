@@ -163,8 +163,6 @@ def test_for_snapshot_scans_in_the_tie_break_order():
 
 
 def test_follow_keeps_up_with_nodes_joining_and_leaving():
-    if not hasattr(ClusterSnapshot, "upsert_node"):
-        pytest.skip("this ClusterSnapshot has no live node changes")
     snap = ClusterSnapshot([gpu_node(f"n{i:03d}", 1) for i in range(1, 301)])
     sampler = NodeSampler.for_snapshot(snap, 10)
     assert sampler.count == 100 and sampler.follow(snap) is sampler

@@ -231,11 +231,7 @@ def test_a_replay_with_a_rolling_profile_rebuilds_the_policy_when_it_changes():
 
 
 def test_only_the_primary_shape_of_a_multi_shape_pod_counts():
-    from gpupool_sched.model import request as request_module
-
-    gpu_shape = getattr(request_module, "GpuShape", None)
-    if gpu_shape is None:
-        pytest.skip("this PodRequest has no extra GPU shapes")
+    from gpupool_sched.model.request import GpuShape as gpu_shape
     pod = PodRequest.of_shapes(  # type: ignore[attr-defined]
         "multi",
         [gpu_shape(gpu_count=1, gpu_memory_mib=10_240), gpu_shape(gpu_count=2, gpu_milli=1000)],

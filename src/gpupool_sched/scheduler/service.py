@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpupool_sched.model.decision import Unschedulable
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragmentation_milli
 from gpupool_sched.placement.framework import Policy
@@ -268,7 +267,7 @@ class SchedulerService:
         if result.unschedulable is not None:
             self.metrics.attempts.labels(result="unschedulable").inc()
             self.queue.park(item, UNSCHEDULABLE_HINTS)
-            self._report_unschedulable(obj, _message(result.unschedulable))
+            self._report_unschedulable(obj, result.unschedulable.message)
             return
         assert result.statement is not None
         for pod_plan, placement in result.statement.placements:
@@ -330,7 +329,7 @@ class SchedulerService:
         m = self.metrics
         m.leader.set(1 if self.leader.is_leader else 0)
         m.queue_length.clear()
-        for (queue, priority), n in self.queue_lengths().items():
+        for (queue, priority), n in self.queue.lengths().items():
             m.queue_length.labels(queue=queue, priority=str(priority)).set(n)
         phases = Counter(e.phase.value for e in self.state.pods.values())
         for phase in Phase:
@@ -363,13 +362,6 @@ class SchedulerService:
             frag = cluster_fragmentation_milli(snap, self.profile.profile())
             m.fragmentation.set(100.0 * frag / total)
 
-    def queue_lengths(self) -> dict[tuple[str, int], int]:
-        out: dict[tuple[str, int], int] = {}
-        by_priority = self.queue.lengths_by_priority()
-        for priority, n in by_priority.items():
-            out[("pending", priority)] = n
-        return out
-
     # ---- health ----------------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
         if not self.synced.is_set():
@@ -377,6 +369,3 @@ class SchedulerService:
         role = "leading" if self.leader.is_leader else "standing by"
         return True, f"synced, {role}"
 
-
-def _message(decision: Unschedulable) -> str:
-    return decision.message
