@@ -5,7 +5,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 export GPUPOOL_CACHE ?= $(HOME)/.cache/gpupool
 
-.PHONY: help venv simulate test test-unit test-e2e lint fmt bench bench-sim bench-deviceplugin \
+.PHONY: help venv simulate test test-unit test-e2e lint typecheck fmt bench bench-sim bench-deviceplugin \
         bench-cluster-infra bench-cluster proto cluster-bins cluster-up cluster-down clean
 
 help: ## list every target with its description (the `## ` comment on its line)
@@ -25,8 +25,9 @@ simulate: $(VPY) ## main job: replay the bundled Alibaba trace with every policy
 	@mkdir -p out
 	$(VENV)/bin/gpupool simulate --policy all --json out/simulate.json --plot out/simulate.png
 
-test: $(VPY) cluster-bins ## lint + every test, e2e included (builds/starts the local control plane)
+test: $(VPY) cluster-bins ## lint + types + every test, e2e included (builds/starts the local control plane)
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy
 	$(VPY) -m pytest -q
 
 test-unit: $(VPY) ## tests that need no control plane
@@ -35,8 +36,12 @@ test-unit: $(VPY) ## tests that need no control plane
 test-e2e: $(VPY) cluster-bins ## only the tests against the real kube-apiserver + etcd + kwok
 	$(VPY) -m pytest -q -m e2e
 
-lint: $(VPY) ## ruff
+lint: $(VPY) ## ruff + mypy
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy
+
+typecheck: $(VPY) ## mypy over src and benchmarks (strict for the placement core, gpupool_common, the scheduler's state)
+	$(VENV)/bin/mypy
 
 fmt: $(VPY) ## ruff --fix: apply ruff's automatic fixes to src, tests and benchmarks
 	$(VENV)/bin/ruff check --fix src tests benchmarks
@@ -69,4 +74,4 @@ cluster-down: $(VPY) ## stop the local control plane (by pid)
 	bash hack/cluster/down.sh
 
 clean: ## remove out/, build artefacts and tool caches
-	rm -rf out build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf out build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

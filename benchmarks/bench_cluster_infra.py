@@ -111,13 +111,12 @@ def run(nodes: int, pods: int, concurrency: int, console: Console) -> ClusterInf
             names: list[str] = []
             for profile, count in zip(PROFILES, per_profile, strict=True):
                 offset = len(names)
+
+                def created(done: int, _total: int, o: int = offset) -> None:
+                    progress.update(created_bar, completed=o + done)
+
                 names += kube.add_nodes(
-                    profile,
-                    count,
-                    prefix=f"bench-{profile}-",
-                    wait=False,
-                    concurrency=concurrency,
-                    created=lambda done, _t, o=offset: progress.update(created_bar, completed=o + done),
+                    profile, count, prefix=f"bench-{profile}-", wait=False, concurrency=concurrency, created=created
                 )
             nodes_created_s = time.monotonic() - began
             wait_nodes_ready(

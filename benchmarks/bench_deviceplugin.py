@@ -25,12 +25,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the kubelet stand-in and plugin process helpers of the tests
 
-from deviceplugin.kubelet_standin import KubeletStandin  # noqa: E402
+from deviceplugin.kubelet_standin import DeviceList, KubeletStandin  # noqa: E402
 from deviceplugin.plugin_process import PluginProcess  # noqa: E402
 from deviceplugin.pods import assignment  # noqa: E402
 
@@ -92,6 +94,23 @@ def wait(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.001)
 
 
+def gpu_unhealthy(gpu: str, unhealthy: bool = True) -> Callable[[DeviceList], bool]:
+    """ListAndWatch predicate: device `gpu` is (with unhealthy=False: is not) listed Unhealthy."""
+    return lambda lst: (gpu in lst.unhealthy()) == unhealthy
+
+
+def some_unhealthy(prefix: str) -> Callable[[DeviceList], bool]:
+    """ListAndWatch predicate: a device whose ID starts with `prefix` (a GPU UUID: the GPU, its units) is Unhealthy."""
+    return lambda lst: any(x.startswith(prefix) for x in lst.unhealthy())
+
+
+def published_unit_mib(core: Any, node: str) -> int | None:
+    """The gpu-memory unit size in the inventory the plugin published on `node`."""
+    sharing = parse_inventory(core.read_node(node).metadata.annotations[INVENTORY_ANNOTATION]).sharing
+    assert sharing is not None, "published inventory offers no gpu-memory sharing"
+    return sharing.memory_unit_mib
+
+
 def connect_cluster(allow_start: bool):
     """(ClusterClient, private DevCluster or None), or (None, None) with the reason printed."""
     try:
@@ -150,7 +169,7 @@ def run(args, kube) -> Report:
         kdir.mkdir()
         kubelet = KubeletStandin(kdir)
         kubelet.start()
-        node, core, ns = "bench-node", None, None
+        node, core, ns = "bench-node", None, ""
         if kube is not None:
             from kubernetes import client
 
@@ -167,16 +186,9 @@ def run(args, kube) -> Report:
             plugin.wait_healthz(200, timeout=30)
             if kube is not None:
                 # the plugin has published its inventory (unit size differs from the kwok default)
-                wait(
-                    lambda: (
-                        parse_inventory(
-                            core.read_node(node).metadata.annotations[INVENTORY_ANNOTATION]
-                        ).sharing.memory_unit_mib
-                        == UNIT_MIB
-                    ),
-                    timeout=30,
-                )
+                wait(lambda: published_unit_mib(kube.core, node) == UNIT_MIB, timeout=30)
             inv = node_publication_for_profile(PROFILE, node_name=node).inventory
+            assert inv is not None
             uuids = [g.uuid for g in inv.gpus]
             report = Report(
                 PROFILE,
@@ -238,7 +250,7 @@ def measure_rpc(report: Report, kubelet: KubeletStandin, n: int, with_memory: bo
         report.stats.append(
             stat(
                 "Allocate 1 whole GPU (no API server)",
-                [timed(lambda i=i: gpu.allocate([available[i % 8]])) for i in range(n)],
+                [timed(partial(gpu.allocate, [available[i % 8]])) for i in range(n)],
             )
         )
 
@@ -261,7 +273,7 @@ def measure_xid(
         g = uuids[i % len(uuids)]
         t0 = time.monotonic()
         plugin.inject(uuid=g, xid=79)
-        got = watch.wait(lambda lst, g=g: any(x.startswith(g) for x in lst.unhealthy()), timeout=10)
+        got = watch.wait(some_unhealthy(g), timeout=10)
         marks.append(got.at - t0)
         watch.wait(lambda lst: not lst.unhealthy(), timeout=10)
     watch.close()
@@ -315,24 +327,24 @@ def measure_handshake(
         uid = pod(name, MEM, 10)
         t0 = time.monotonic()
         bind(name, uid, {"memory": (g, 10, UNIT_MIB)})
-        flipped = gpu_watch.wait(lambda lst, g=g: g in lst.unhealthy(), timeout=10)
+        flipped = gpu_watch.wait(gpu_unhealthy(g), timeout=10)
         flips_bind.append(flipped.at - t0)
         free = [u for u in all_units if u.startswith(g)]
         t1 = time.perf_counter()
         ids = mem.preferred(all_units, 10)
         prefs_mem.append(time.perf_counter() - t1)
         assert ids == free[:10] or set(ids) <= set(free), "preferred allocation left GPU g"
-        allocs_mem.append(timed(lambda ids=ids: mem.allocate(ids)))
+        allocs_mem.append(timed(partial(mem.allocate, ids)))
         t2 = time.monotonic()
         core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
-        freed = gpu_watch.wait(lambda lst, g=g: g not in lst.unhealthy(), timeout=10)
+        freed = gpu_watch.wait(gpu_unhealthy(g, False), timeout=10)
         flips_free.append(freed.at - t2)
         # the same GPU whole
         name = f"whole-{i}"
         uid = pod(name, GPU, 1)
         bind(name, uid, {"devices": {GPU: [g]}})
-        mem_watch.wait(lambda lst, g=g: any(u.startswith(g) for u in lst.unhealthy()), timeout=10)
-        allocs_gpu.append(timed(lambda g=g: gpu.allocate([g])))
+        mem_watch.wait(some_unhealthy(g), timeout=10)
+        allocs_gpu.append(timed(partial(gpu.allocate, [g])))
         core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
         mem_watch.wait(lambda lst: not lst.unhealthy(), timeout=10)
     gpu_watch.close()
@@ -347,6 +359,7 @@ def measure_handshake(
 
 
 def rss(plugin: PluginProcess) -> tuple[float, float]:
+    assert plugin.proc is not None
     fields = {}
     for line in Path(f"/proc/{plugin.proc.pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
@@ -382,8 +395,8 @@ def print_table(report: Report) -> None:
         f"plugin RSS {report.rss_mib} MiB (peak {report.peak_rss_mib} MiB): {verdict} the "
         f"{report.rss_target_mib:.0f} MiB target"
     )
-    for s in report.skipped:
-        console.print(f"skipped: {s}")
+    for why in report.skipped:
+        console.print(f"skipped: {why}")
 
 
 if __name__ == "__main__":

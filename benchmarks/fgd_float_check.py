@@ -46,7 +46,7 @@ class FloatBucketFgd(FgdScore):
                 data[XL] = np.where(ok, data[XL] + f * total, data[XL])
                 data[XR] = np.where(ok, data[XR], data[XR] + f * total)
                 continue
-            access = snap.allowed_models(c.models).any(axis=1)[nodes] if c.models else np.ones(len(nodes), bool)
+            access = np.any(snap.allowed_models(c.models), axis=1)[nodes] if c.models else np.ones(len(nodes), bool)
             if free.ndim == 3:
                 access = access[:, None]
             fits = (free >= c.gpu_milli).sum(axis=-1) >= c.gpu_count

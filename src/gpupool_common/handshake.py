@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION: Final = 1
 ASSIGNMENT_ANNOTATION = "gpupool.io/assignment"
 ACK_ANNOTATION = "gpupool.io/allocated"
 MEMORY_RESOURCE = "nvidia.com/gpu-memory"

@@ -7,14 +7,14 @@ and readers reject versions they do not know (`parse_inventory`).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpupool_common.topology import NodeTopology, PcieLevel
 
 INVENTORY_ANNOTATION = "gpupool.io/gpu-inventory"
-INVENTORY_VERSION = 1
+INVENTORY_VERSION: Final = 1
 
 PcieLevelName = Literal["INTERNAL", "SINGLE", "MULTIPLE", "HOSTBRIDGE", "NODE", "SYSTEM"]
 MigStrategy = Literal["none", "single", "mixed"]
@@ -74,6 +74,10 @@ class NodeInventory(_Model):
     # UUIDs of GPUs and MIG devices with a hardware fault right now (Xid, ECC); the scheduler places
     # nothing on them. Optional: older plugins leave it out.
     unhealthy: tuple[str, ...] = ()
+    # True while the plugin reads the kubelet's PodResources API and so knows which pod each allocation
+    # is for: same-shape pods may then be pending on the node together, and the scheduler does not hold
+    # its per-(node, shape) gate there (docs/handshake.md, rule 4). Optional: older plugins leave it out.
+    pod_identity: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> NodeInventory:

@@ -33,13 +33,15 @@ _PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,200})?$")
 Progress = Callable[[int, int], None]  # (done, total)
 
 
-def publication_for_profile(profile: str, node_name: str | None = None) -> NodePublication:
+def publication_for_profile(
+    profile: str, node_name: str | None = None, *, pod_identity: bool = True
+) -> NodePublication:
     """What the device plugin publishes on a `profile` machine called `node_name` (the name seeds the
     GPU and MIG UUIDs, so a plugin later started for that node agrees on every ID)."""
     from gpupool_deviceplugin.publication import node_publication_for_profile
 
     try:
-        return node_publication_for_profile(profile, node_name=node_name)
+        return node_publication_for_profile(profile, node_name=node_name, pod_identity=pod_identity)
     except (ValueError, LookupError, FileNotFoundError) as exc:  # the plugin's ProfileError is a ValueError
         raise DevClusterError(str(exc)) from None
 

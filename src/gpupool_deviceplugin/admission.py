@@ -59,6 +59,11 @@ class Claim:
     identified: bool = False              # the kubelet's pod list said which pod this is
     displaced: tuple[str, ...] = ()       # pods whose pending assignment these devices were (foreign claims)
 
+    @property
+    def pod_key(self) -> str:
+        """namespace/name of the claiming pod, for logs ("" when unattributed)."""
+        return self.pod.key if self.pod is not None else ""
+
 
 @dataclass(frozen=True)
 class Tenancy:
@@ -494,8 +499,8 @@ class AdmissionBook:
         does not list. Returns the corrections and the acks to rewrite."""
         with self._lock:
             live: dict[str, PodRecord] = {}
-            for pod in sorted(self._live(), key=lambda p: p.created):
-                live[pod.key] = pod  # a re-created pod of the same name: the newest
+            for rec in sorted(self._live(), key=lambda p: p.created):
+                live[rec.key] = rec  # a re-created pod of the same name: the newest
             truth: dict[tuple[str, str, str], tuple[str, ...]] = {}  # (uid, container, resource) -> IDs
             owner: dict[tuple[str, str], str] = {}  # (resource, device ID) -> uid
             unknown: list[str] = []

@@ -64,8 +64,8 @@ class Allocator:
                     self.metrics.handshake_ambiguous.labels(resource=resource, call="preferred").inc()
                     log.warning("%s preferred allocation of size %d fits %s and %s; chose %s (in progress, else "
                                 "first bound). The scheduler should not bind same-shape pods before the first is "
-                                "acknowledged", resource, size, claim.pod.key, list(claim.ambiguous_with),
-                                claim.pod.key)
+                                "acknowledged", resource, size, claim.pod_key, list(claim.ambiguous_with),
+                                claim.pod_key)
                 self.metrics.preferred.labels(resource=resource, source="assignment").inc()
                 return list(claim.ids)
         self.metrics.preferred.labels(resource=resource, source="topology").inc()
@@ -121,11 +121,11 @@ class Allocator:
             raise
         if claim.ambiguous_with:
             self.metrics.handshake_ambiguous.labels(resource=resource, call="allocate").inc()
-            log.warning("Allocate %s matched %s and %s; chose %s", resource, claim.pod.key,
-                        list(claim.ambiguous_with), claim.pod.key)
+            log.warning("Allocate %s matched %s and %s; chose %s", resource, claim.pod_key,
+                        list(claim.ambiguous_with), claim.pod_key)
         if claim.displaced:
             log.warning("Allocate %s %s: the kubelet gave pod %s (no assignment) devices assigned to pending pod(s) "
-                        "%s; their assignment can no longer be followed", resource, list(ids), claim.pod.key,
+                        "%s; their assignment can no longer be followed", resource, list(ids), claim.pod_key,
                         list(claim.displaced))
         if claim.via == "unattributed" and self.book is not None:
             self.metrics.handshake_failures.labels(resource=resource, reason="unattributed").inc()

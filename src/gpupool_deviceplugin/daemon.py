@@ -11,6 +11,7 @@ import fcntl
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +27,7 @@ from gpupool_deviceplugin.discovery import discover
 from gpupool_deviceplugin.health import HealthMonitor
 from gpupool_deviceplugin.metrics import PluginMetrics, StatusServer
 from gpupool_deviceplugin.nvml.session import NvmlSession
-from gpupool_deviceplugin.publication import build_publication
+from gpupool_deviceplugin.publication import NodePublication, build_publication
 from gpupool_deviceplugin.resources import ResourceSpec, StrategyError, build_resources
 from gpupool_deviceplugin.server.kubelet_watch import Supervisor
 from gpupool_deviceplugin.server.plugin_servers import PluginServers, remove_stale_sockets
@@ -221,13 +222,23 @@ class Daemon:
         api = self._api()
         memory = any(r.kind == "memory" for r in resources)
         publisher = None
+        pod_identity = False  # PodResources answers (published: the scheduler's gate is not needed then)
+
+        def publication() -> NodePublication:
+            failed = tuple(sorted(board.hardware_problems()))
+            live = inventory.model_copy(update={"unhealthy": failed, "pod_identity": pod_identity})
+            return build_publication(live, resources, self.config)
 
         def hardware_changed(uuid: str, ok: bool) -> None:
             self._gpu_metric(inventory, uuid, int(ok))
             if publisher is not None:  # the scheduler stops placing pods on a failed GPU
-                failed = tuple(sorted(board.hardware_problems()))
-                publisher.update(build_publication(inventory.model_copy(update={"unhealthy": failed}),
-                                                   resources, self.config))
+                publisher.update(publication())
+
+        def identity_changed(ok: bool) -> None:
+            nonlocal pod_identity
+            pod_identity = ok
+            if publisher is not None:
+                publisher.update(publication())
 
         board = DeviceBoard(resources, pool_known=not memory, on_hardware=hardware_changed)
         self.board = board
@@ -241,8 +252,8 @@ class Daemon:
             from gpupool_deviceplugin.kube.pod_watch import PodWatcher
 
             unit = self.config.gpu_memory.unit_mib if memory else None
-            book = AdmissionBook(self.opts.node_name, resources, unit,
-                                 on_change=lambda: self._tenancy_changed(book, board))
+            book = admission = AdmissionBook(self.opts.node_name, resources, unit,
+                                             on_change=lambda: self._tenancy_changed(admission, board))
             watcher = PodWatcher(api, self.opts.node_name, [r.name for r in resources], book,
                                  metrics=self.metrics)
             watcher.start()
@@ -252,17 +263,14 @@ class Daemon:
             acks.start()
             self._parts.append(acks)
             if self.config.kubernetes.publish_node:
-                failed = tuple(sorted(board.hardware_problems()))
-                publication = build_publication(inventory.model_copy(update={"unhealthy": failed}), resources,
-                                                self.config)
-                publisher = NodePublisher(api, self.opts.node_name, publication, self.metrics,
+                publisher = NodePublisher(api, self.opts.node_name, publication(), self.metrics,
                                           self.config.kubernetes.node_refresh_s)
                 publisher.start()
                 self._parts.append(publisher)
             if not watcher.synced.wait(10):
                 log.warning("pods of node %s not listed yet; whole GPUs and memory units stay Unhealthy until "
                             "they are", self.opts.node_name)
-            kubelet = self._start_reconciler(book, acks, resources)
+            kubelet = self._start_reconciler(book, acks, resources, identity_changed)
         self.book = book
 
         if self.config.health.enabled:
@@ -284,8 +292,8 @@ class Daemon:
         supervisor.start()
         self._parts.append(supervisor)
 
-    def _start_reconciler(self, book: AdmissionBook, acks: AckSink | None,
-                          resources: list[ResourceSpec]) -> Reconciler | None:
+    def _start_reconciler(self, book: AdmissionBook, acks: AckSink | None, resources: list[ResourceSpec],
+                          on_availability: Callable[[bool], None]) -> Reconciler | None:
         """The kubelet's PodResources view: reconciled once now, before any resource is served (an admitted
         pod whose ack a previous instance never wrote must not look pending), then periodically."""
         from gpupool_deviceplugin.podresources import (
@@ -300,7 +308,8 @@ class Daemon:
             log.warning("PodResources disabled: same-shape pods are told apart by the order of their binds only")
             return None
         client = PodResourcesClient(socket, [r.name for r in resources])
-        reconciler = Reconciler(book, client, acks, self.metrics, resources, reconcile_period_s())
+        reconciler = Reconciler(book, client, acks, self.metrics, resources, reconcile_period_s(),
+                                on_availability)
         reconciler.run_once()
         reconciler.start()
         self._parts.append(reconciler)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from itertools import combinations
+from typing import cast
 
 import pynvml
 
-from gpupool_common.inventory import Gpu, GpuPair, MigDevice, NodeInventory
+from gpupool_common.inventory import Gpu, GpuPair, MigDevice, NodeInventory, PcieLevelName
 from gpupool_common.topology import PcieLevel
 from gpupool_deviceplugin.nvml.session import MigInfo, NvmlSession
 
@@ -99,7 +100,8 @@ def _pairs(session: NvmlSession, handles: list, gpus: list[Gpu], bus_to_index: d
         links = max(direct[(a, b)], direct[(b, a)])
         if switch_links[a] and switch_links[b]:
             links += min(switch_links[a], switch_links[b])
-        pairs.append(GpuPair(a=a, b=b, nvlinks=links, pcie=_level(session, handles, gpus, a, b).name))
+        level = _level(session, handles, gpus, a, b).name  # PcieLevelName lists PcieLevel's names
+        pairs.append(GpuPair(a=a, b=b, nvlinks=links, pcie=cast(PcieLevelName, level)))
     return pairs
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -97,7 +97,8 @@ class Reconciler:
     (`_reconcile_corrections_total{kind}`) and its corrected ack written."""
 
     def __init__(self, book: AdmissionBook, client: PodResourcesClient, acks: AckSink | None,
-                 metrics: PluginMetrics, resources: Sequence[ResourceSpec], period_s: float) -> None:
+                 metrics: PluginMetrics, resources: Sequence[ResourceSpec], period_s: float,
+                 on_availability: Callable[[bool], None] | None = None) -> None:
         self.book = book
         self.client = client
         self.acks = acks
@@ -107,6 +108,7 @@ class Reconciler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-resources", daemon=True)
         self._available: bool | None = None  # last state logged
+        self.on_availability = on_availability  # called when the API starts or stops answering
         self._unknown_logged: set[tuple[str, frozenset[str]]] = set()
 
     def start(self) -> None:
@@ -171,6 +173,8 @@ class Reconciler:
         if ok == self._available:
             return
         self._available = ok
+        if self.on_availability is not None:
+            self.on_availability(ok)
         if ok:
             log.info("PodResources API at %s answers: allocations are reconciled with the kubelet's records and "
                      "same-shape pods are told apart by the kubelet's pod list", self.client.socket)

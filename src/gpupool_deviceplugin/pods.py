@@ -140,10 +140,10 @@ def _check_assignment(a: Assignment, uid: str, node: str, containers: list[Conta
                 return (f"container {ca.name!r}: assignment gives {ca.memory.units} nvidia.com/gpu-memory "
                         f"but the container requests {want}")
     for spec in containers:
-        ca = a.container(spec.name)
+        given = a.container(spec.name)
         for resource in spec.requests:
-            covered = ca is not None and (
-                ca.memory is not None if resource == "nvidia.com/gpu-memory" else resource in ca.devices)
+            covered = given is not None and (
+                given.memory is not None if resource == "nvidia.com/gpu-memory" else resource in given.devices)
             if not covered:
                 return f"container {spec.name!r} requests {resource} but the assignment gives it none"
     return None

@@ -72,18 +72,19 @@ def build_publication(inventory: NodeInventory, resources: list[ResourceSpec], c
 
 
 def node_publication_for_profile(profile: str | Path, config: PluginConfig | None = None, *,
-                                 node_name: str | None = None) -> NodePublication:
+                                 node_name: str | None = None, pod_identity: bool = True) -> NodePublication:
     """What the plugin would publish on a node with this fake profile (kwok nodes use this).
 
     `node_name` seeds the GPU/MIG UUIDs exactly as the plugin does when started with
     `--fake-nvml PROFILE --node-name NODE`, so a kwok node and a plugin for it agree on every ID.
-    Memory units are included: a deployed plugin always has the API server.
+    Memory units are included: a deployed plugin always has the API server; so is `pod_identity`, what a
+    plugin with the kubelet's PodResources socket mounted (the Helm chart's default) publishes.
     """
     config = config or PluginConfig()
     session = open_fake(profile, seed=node_name)
     session.init()
     try:
-        inventory = discover(session)
+        inventory = discover(session).model_copy(update={"pod_identity": pod_identity})
     finally:
         session.shutdown()
     host = session.lib.profile.host

@@ -15,6 +15,7 @@ with no clocks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import threading
@@ -26,7 +27,7 @@ from typing import Any
 
 import grpc
 import pytest
-from deviceplugin.kubelet_standin import Admitted, ContainerRequest, DeviceManager, KubeletStandin
+from deviceplugin.kubelet_standin import Admitted, ContainerRequest, DeviceManager, KubeletStandin, Pod
 from deviceplugin.plugin_process import PluginProcess
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -44,6 +45,7 @@ from scheduler_harness import (
 )
 
 from gpupool_common.handshake import AllocationAck, Assignment, parse_ack, parse_assignment
+from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory
 from gpupool_devcluster.client import ClusterClient
 from gpupool_devcluster.fake_nodes import fake_node_manifest, publication_for_profile
 from gpupool_devcluster.raw import discard, read_json
@@ -85,6 +87,13 @@ def _containers(obj: dict[str, Any]) -> list[ContainerRequest]:
     return [one(c, True) for c in spec.get("initContainers") or ()] + [one(c, False) for c in spec["containers"]]
 
 
+def _identity(obj: dict[str, Any]) -> Pod:
+    """The pod as the kubelet's pod manager knows it (what PodResources List answers with)."""
+    meta = obj["metadata"]
+    created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00")).timestamp()
+    return Pod(meta["namespace"], meta["name"], meta["uid"], created, tuple(_containers(obj)))
+
+
 class NodeKubelet:
     """Admits the pods bound to `node`, one at a time in the order their binds arrive."""
 
@@ -96,6 +105,8 @@ class NodeKubelet:
         self.pods: dict[str, PodLife] = {}
         self.order: list[str] = []  # admission order (pod keys)
         self.hold_running = False  # while set, acked pods stay Pending (see test_same_shape...)
+        self.hold_admission = False  # while set, bound pods wait unadmitted (release_admission())
+        self._held: list[tuple[PodLife, dict[str, Any]]] = []
         self.failure: str | None = None  # the loop itself broke
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -157,15 +168,18 @@ class NodeKubelet:
                 if life is not None and not life.deleted:
                     life.deleted = True
                     assert self.dm is not None
-                    self.dm.release(life.admitted)
+                    self.dm.remove(_identity(obj))  # frees its devices and leaves the pod manager
                     self._cond.notify_all()
                 return
             if life is None:
                 if status.get("phase", "Pending") != "Pending":
                     return  # not a new pod for admission (e.g. listed after a restart)
                 life = self.pods[uid] = PodLife(key, uid, _rv(obj))
-                self.order.append(key)
-                self._admit(life, obj)
+                if self.hold_admission:
+                    self._held.append((life, obj))
+                else:
+                    self.order.append(key)
+                    self._admit(life, obj)
                 self._cond.notify_all()
                 return
             ack = parse_ack(meta.get("annotations"))
@@ -178,7 +192,7 @@ class NodeKubelet:
     def _admit(self, life: PodLife, obj: dict[str, Any]) -> None:
         assert self.dm is not None
         try:
-            life.admitted = self.dm.admit_pod(_containers(obj))
+            life.admitted = self.dm.admit(_identity(obj))
         except grpc.RpcError as exc:
             life.error = f"{exc.code().name}: {exc.details()}"
         except AssertionError as exc:  # the stand-in found too few healthy devices
@@ -216,6 +230,16 @@ class NodeKubelet:
                     ns, name = life.key.split("/")
                     obj = read_json(self.kube.core.read_namespaced_pod(name, ns, _preload_content=False))
                     self._mark_running(life, obj)
+
+    def release_admission(self) -> None:
+        """Admit the held pods now, in the order their binds arrived, and stop holding."""
+        with self._cond:
+            self.hold_admission = False
+            held, self._held = self._held, []
+            for life, obj in held:
+                self.order.append(life.key)
+                self._admit(life, obj)
+            self._cond.notify_all()
 
     def lives(self) -> list[PodLife]:
         with self._cond:
@@ -269,9 +293,10 @@ class Pool:
         assert not errors, f"admission refused: {errors}"
 
 
-def _create_node(kube: ClusterClient, name: str, pool: str) -> None:
+def _create_node(kube: ClusterClient, name: str, pool: str, pod_identity: bool) -> None:
     """The Node a kubelet + our plugin would register, without kwok's annotation."""
-    body = fake_node_manifest(name, PROFILE, publication_for_profile(PROFILE, node_name=name))
+    published = publication_for_profile(PROFILE, node_name=name, pod_identity=pod_identity)
+    body = fake_node_manifest(name, PROFILE, published)
     body["metadata"]["annotations"].pop("kwok.x-k8s.io/node")
     body["metadata"]["labels"][POOL_LABEL] = pool
     discard(kube.core.create_node(body=body, _preload_content=False))
@@ -279,21 +304,39 @@ def _create_node(kube: ClusterClient, name: str, pool: str) -> None:
 
 @pytest.fixture(scope="module")
 def pool(kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    name = unique("full")
-    work = tmp_path_factory.mktemp("fullpath")
+    """Plugins without the kubelet's PodResources: the scheduler's gate keeps same-shape pods apart."""
+    with _plugin_pool(kube, tmp_path_factory, "full", pod_resources=False) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def identity_pool(kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    """Plugins that read the kubelet's PodResources: they publish pod_identity, no gate is held."""
+    with _plugin_pool(kube, tmp_path_factory, "ident", pod_resources=True) as made:
+        yield made
+
+
+@contextlib.contextmanager
+def _plugin_pool(
+    kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory, prefix: str, *, pod_resources: bool
+) -> Iterator[Pool]:
+    name = unique(prefix)
+    work = tmp_path_factory.mktemp(prefix)
     nodes: dict[str, PluginNode] = {}
     dirs: list[tempfile.TemporaryDirectory[str]] = []
     created: list[str] = []
     try:
         for i in range(NODES):
             node = f"{name}-n{i}"
-            _create_node(kube, node, name)
+            _create_node(kube, node, name, pod_identity=pod_resources)
             created.append(node)
             d = tempfile.TemporaryDirectory(prefix="gpk-")  # unix socket paths: keep it short
             dirs.append(d)
-            standin = KubeletStandin(Path(d.name))
+            kubelet_dir = Path(d.name) / "device-plugins"  # PodResources beside it: <d>/pod-resources
+            kubelet_dir.mkdir()
+            standin = KubeletStandin(kubelet_dir, pod_resources=pod_resources)
             standin.start()
-            plugin = PluginProcess(work, Path(d.name), PROFILE, node=node, kubeconfig=kube.kubeconfig).start()
+            plugin = PluginProcess(work, kubelet_dir, PROFILE, node=node, kubeconfig=kube.kubeconfig).start()
             nodes[node] = PluginNode(node, plugin, standin, NodeKubelet(kube, node, standin))
         for n in nodes.values():
             n.standin.wait_registered({GPU, MEM}, timeout=30)
@@ -545,4 +588,64 @@ def test_same_shape_pods_created_a_b_are_bound_b_then_a_behind_the_gate(
                    15, "a and b Running", interval=0.1)
     finally:
         kubelet.hold_running = False
+        stop_scheduler(proc)
+
+
+def test_same_shape_pods_are_pending_together_where_the_plugin_knows_pod_identity(
+    kube: ClusterClient, namespace: str, identity_pool: Pool, log_dir: Path, priority_classes: tuple[str, str]
+) -> None:
+    """On nodes whose plugin reads the kubelet's PodResources (inventory `pod_identity`), the scheduler
+    holds no gate: two pods of the same shape are both bound while the kubelet has admitted neither
+    (behind a gate the second bind would wait for the first ack, which cannot come), and each still gets
+    exactly its assigned GPU when the kubelet admits them, because the plugin asks the kubelet which pod
+    each call is for."""
+    pool = identity_pool
+    for node in pool.nodes:
+        def identity(node: str = node) -> bool:
+            obj = read_json(kube.core.read_node(node, _preload_content=False))
+            return parse_inventory(obj["metadata"]["annotations"][INVENTORY_ANNOTATION]).pod_identity
+        wait_until(identity, 30, f"{node}: the plugin publishes pod_identity", interval=0.1)
+    for kubelet in pool.kubelets():
+        wait_until(kubelet.idle, 30, f"{kubelet.node}: idle", interval=0.05)
+    high, low = priority_classes
+    node = sorted(pool.nodes)[0]
+    kubelet = pool.nodes[node].kubelet
+    kubelet.hold_admission = True
+    name = unique("ident")
+
+    def same_shape(pod_name: str, priority: str) -> dict[str, Any]:
+        m = pod(pod_name, name, pool.name, gpus=1, priority_class=priority)
+        m["spec"]["nodeSelector"][HOSTNAME] = node
+        return m
+
+    discard(kube.core.create_namespaced_pod(namespace, same_shape("a", low), _preload_content=False))
+    discard(kube.core.create_namespaced_pod(namespace, same_shape("b", high), _preload_content=False))
+    a, b = f"{namespace}/a", f"{namespace}/b"
+    proc = start_scheduler(kube, name, log_dir, "--gate-timeout", "60")
+    try:
+        def both_bound() -> bool:
+            return {p.key for p in kubelet.lives()} >= {a, b}
+        wait_until(both_bound, 30, "a and b both bound while neither is admitted", interval=0.05)
+        assert not any(p.admitted or p.ack_rv for p in kubelet.lives() if p.key in (a, b))
+        kubelet.release_admission()
+        pool.wait_acked({a, b})
+        assert kubelet.order[-2:] == [b, a], f"the kubelet admitted {kubelet.order}"
+        assert proc.metric("gpupool_scheduler_gate_waits_total") == 0
+        pods = {p["metadata"]["name"]: p for p in list_pods(kube, namespace)}
+        gpus = {}
+        for pod_name, key in (("a", a), ("b", b)):
+            p = pods[pod_name]
+            assert p["spec"]["nodeName"] == node
+            assert_kubelet_got_the_assignment(p, pool.life(key))
+            assignment, ack = _handshake(p)
+            (gpu,) = assignment.containers[0].devices[GPU]
+            assert ack.containers["main"][GPU] == (gpu,), f"{pod_name}: assigned {gpu}, acked {ack.containers}"
+            gpus[pod_name] = gpu
+        assert gpus["a"] != gpus["b"]
+        assert_no_oversubscription(kube, list(pods.values()))
+        plugin = pool.nodes[node].plugin
+        assert plugin_counter(plugin, "gpupool_deviceplugin_handshake_ambiguous_total") == 0
+        assert plugin_counter(plugin, "gpupool_deviceplugin_handshake_failures_total") == 0
+    finally:
+        kubelet.release_admission()
         stop_scheduler(proc)

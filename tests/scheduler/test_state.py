@@ -28,8 +28,8 @@ _uids = itertools.count()
 _rv = itertools.count(100)
 
 
-def node_obj(name: str, profile: str = "l40s-pcie", **spec: Any) -> dict[str, Any]:
-    pub = node_publication_for_profile(profile, node_name=name)
+def node_obj(name: str, profile: str = "l40s-pcie", *, pod_identity: bool = True, **spec: Any) -> dict[str, Any]:
+    pub = node_publication_for_profile(profile, node_name=name, pod_identity=pod_identity)
     resources = {**pub.host_capacity, **pub.capacity}
     return {
         "metadata": {"name": name, "labels": dict(pub.labels), "annotations": dict(pub.annotations),
@@ -115,7 +115,7 @@ def test_bound_pod_rebuilds_from_its_assignment_and_ack_corrects(state: ClusterS
     assignment = build_assignment(plan, Placement(node="n1", gpu_indices=(2,), gpu_milli=1000,
                                                   gpu_memory_mib=spec.gpus[2].memory_mib), spec)
     fresh = ClusterState("gpupool")
-    fresh.apply_node(node_obj("n1"))
+    fresh.apply_node(node_obj("n1", pod_identity=False))  # a plugin that needs the gate
     bound = bump(obj, node="n1", annotations=assignment_annotations(assignment))
     fresh.apply_pod(bound)
     assert free_gpus(fresh, "n1") == [1000, 1000, 0, 1000]
@@ -181,6 +181,44 @@ def test_gate_blocks_same_shape_until_ack_or_running(state: ClusterState) -> Non
     released = state.apply_pod(bump(a, node=pa.node, phase="Running"))
     assert released.gate_released == pa.node
     assert state.gate_blocker(b["metadata"]["uid"], pa.node, frozenset({("nvidia.com/gpu", 1)})) is None
+
+
+GPU1 = frozenset({("nvidia.com/gpu", 1)})
+
+
+def test_same_shape_pods_go_where_the_gate_is_open() -> None:
+    """Best-fit packs consecutive pods onto one node; while a pod there waits for its ack, the next
+    pod of the same shape goes to a node whose gate is open (another shape still packs)."""
+    s = ClusterState("gpupool")
+    for name in ("n1", "n2"):
+        s.apply_node(node_obj(name, pod_identity=False))
+    a, b, c = pod_obj("a", gpus=1), pod_obj("b", gpus=1), pod_obj("c", gpus=2)
+    pa = schedule(s, a)
+    assert s.needs_gate(pa.node) and s.gate_busy(GPU1) == {pa.node}
+    pb = schedule(s, b)
+    assert pb.node != pa.node, "b was placed behind a's gate although another node was open"
+    pc = schedule(s, c)
+    assert pc.node == pa.node, "a pod of another shape is not held back by the gate"
+    assert s.gate_busy(GPU1) == {"n1", "n2"}
+    pd = schedule(s, pod_obj("d", gpus=1))  # every node busy for this shape: placed anyway, waits at the gate
+    assert pd.node in ("n1", "n2")
+    s.hold_gate(a["metadata"]["uid"], GPU1)
+    s.mark_bound(a["metadata"]["uid"])
+    s.apply_pod(bump(a, node=pa.node, phase="Running"))  # a's gate opens
+    s.forget(pd_uid := next(u for u, e in s.pods.items() if e.key == "ns/d"))
+    assert pd_uid not in s.pods
+    assert s.gate_busy(GPU1) == {pb.node}
+    assert schedule(s, pod_obj("e", gpus=1)).node == pa.node
+
+
+def test_no_gate_where_the_plugin_knows_pod_identity(state: ClusterState) -> None:
+    """Nodes whose inventory says pod_identity (the plugin reads PodResources): no gate is held, so
+    best-fit packs same-shape pods onto one node as the simulator does."""
+    a, b = pod_obj("a", gpus=1), pod_obj("b", gpus=1)
+    pa, pb = schedule(state, a), schedule(state, b)
+    assert not state.needs_gate(pa.node)
+    assert state.gate_busy(GPU1) == set()
+    assert pb.node == pa.node
 
 
 def test_gate_times_out() -> None:

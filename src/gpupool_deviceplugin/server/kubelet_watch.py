@@ -11,6 +11,7 @@ from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
 
 from gpupool_deviceplugin.server.registration import KUBELET_SOCKET
 
@@ -22,7 +23,7 @@ class KubeletWatcher(FileSystemEventHandler):
         super().__init__()
         self.kubelet_dir = kubelet_dir
         self.nudge = nudge  # wakes the supervisor, which decides what to do
-        self._observer: Observer | None = None
+        self._observer: BaseObserver | None = None  # Observer: the platform's best BaseObserver
 
     def start(self) -> None:
         try:

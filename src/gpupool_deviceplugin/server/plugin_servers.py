@@ -65,6 +65,7 @@ class PluginServers:
         self.resources = resources
         self.kubelet_dir = kubelet_dir
         self.metrics = metrics
+        self._board = board
         self._args = {"board": board, "allocator": allocator, "metrics": metrics}
         self._servers: list[_ResourceServer] = []
         self._lock = threading.Lock()
@@ -96,7 +97,7 @@ class PluginServers:
 
     def _stop_locked(self) -> None:
         for server in self._servers:
-            server.stop(self._args["board"])
+            server.stop(self._board)
         self._servers = []
         self._registered = set()
         self._registrar.reset()

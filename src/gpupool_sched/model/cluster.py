@@ -12,7 +12,7 @@ import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -139,6 +139,23 @@ class ClusterSnapshot:
     ``caches`` (everything compiled against the node set) and bumps ``generation``.
     """
 
+    # The column arrays (_NODE_COLUMNS, _GPU_COLUMNS), pointed at the live rows by _expose.
+    cpu_total: np.ndarray
+    mem_total: np.ndarray
+    pods_total: np.ndarray
+    gpu_count: np.ndarray
+    cpu_free: np.ndarray
+    mem_free: np.ndarray
+    pods_free: np.ndarray
+    version: np.ndarray
+    tie_rank: np.ndarray
+    node_signature: np.ndarray
+    gpu_model: np.ndarray
+    gpu_mem_total: np.ndarray
+    gpu_usable: np.ndarray
+    free_milli: np.ndarray
+    gpu_mem_free: np.ndarray
+
     # ---- construction ------------------------------------------------------------------------
     def __init__(self, nodes: Sequence[NodeSpec], tie_order: Sequence[str] | None = None) -> None:
         nodes = tuple(nodes)
@@ -250,7 +267,7 @@ class ClusterSnapshot:
         """Boolean [nodes, slots]: GPUs whose model is in ``models`` (all GPUs when empty)."""
         models = tuple(models)
         if not models:
-            return self.gpu_model != ABSENT
+            return self.gpu_model != ABSENT  # type: ignore[no-any-return]
         wanted = [self._model_id[m] for m in models if m in self._model_id]
         return np.isin(self.gpu_model, wanted)
 
@@ -314,15 +331,16 @@ class ClusterSnapshot:
         self._remove_tie(row)
         self._forget_signature(row)
         last = self._rows - 1
+        per_node: tuple[list[Any], ...] = (self._nodes, self._names, self.mig_taken, self.gpu_tags)
         if row != last:
             for buf in self._buf.values():
                 buf[row] = buf[last]
-            for items in (self._nodes, self._names, self.mig_taken, self.gpu_tags):
-                items[row] = items[last]  # type: ignore[index]
+            for items in per_node:
+                items[row] = items[last]
             self.index[self._names[row]] = row
             self._buf["version"][row] = version
         self._clear_row(last)
-        for items in (self._nodes, self._names, self.mig_taken, self.gpu_tags):
+        for items in per_node:
             items.pop()
         del self.index[name]
         self._rows -= 1
@@ -359,13 +377,13 @@ class ClusterSnapshot:
         n, old_slots = self._rows, self.gpu_slots
         grown: dict[object, np.ndarray] = {}
         for key, buf in self._buf.items():
-            if key in _GPU_COLUMNS:
-                new = np.full((capacity, slots), _GPU_COLUMNS[key][1], dtype=buf.dtype)  # type: ignore[index]
+            if isinstance(key, str) and key in _GPU_COLUMNS:
+                new = np.full((capacity, slots), _GPU_COLUMNS[key][1], dtype=buf.dtype)
                 new[:n, :old_slots] = buf[:n]
             elif capacity == self._capacity:
                 new = buf  # only the GPU slots widen
             else:
-                fill = _NODE_COLUMNS[key][1] if key in _NODE_COLUMNS else 0  # type: ignore[index]
+                fill = _NODE_COLUMNS[key][1] if isinstance(key, str) and key in _NODE_COLUMNS else 0
                 new = np.full(capacity, fill, dtype=buf.dtype)
                 new[:n] = buf[:n]
             grown[key] = new

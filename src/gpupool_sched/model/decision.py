@@ -6,6 +6,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class Placement:
@@ -42,7 +44,7 @@ class Unschedulable:
 
     node_names: Sequence[str]
     filter_reasons: Sequence[str]
-    failed_filter: Sequence[int]
+    failed_filter: Sequence[int] | np.ndarray  # decide() gives an int array
 
     @property
     def schedulable(self) -> bool:

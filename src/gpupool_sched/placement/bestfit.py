@@ -17,4 +17,4 @@ class BestFitScore(ScorePlugin):
         max_cpu, max_gpu = max_node_capacity(snap)
         left_cpu = (snap.cpu_free[candidates] - req.cpu_milli) / max_cpu * 0.5
         left_gpu = (gpu_milli_free(snap, candidates) - req.gpu_milli_total) / max_gpu * 0.5
-        return np.trunc((1.0 - (left_cpu + left_gpu)) * 100.0)
+        return np.trunc((1.0 - (left_cpu + left_gpu)) * 100.0)  # type: ignore[no-any-return]

@@ -10,7 +10,7 @@ from gpupool_sched.model.request import MILLI
 
 def gpu_milli_free(snapshot: ClusterSnapshot, nodes: np.ndarray) -> np.ndarray:
     """Idle milli-GPU per node (shareable GPUs only)."""
-    return np.clip(snapshot.free_milli[nodes], 0, None).sum(axis=1)
+    return np.clip(snapshot.free_milli[nodes], 0, None).sum(axis=1)  # type: ignore[no-any-return]
 
 
 def max_node_capacity(snapshot: ClusterSnapshot) -> tuple[float, float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypedDict
 
 import numpy as np
 
@@ -58,7 +59,7 @@ def normalize_scores(scores: np.ndarray) -> np.ndarray:
     lo, hi = scores.min(), scores.max()
     if hi == lo:
         return np.zeros_like(scores)
-    return np.floor_divide((scores - lo) * MAX_NODE_SCORE, hi - lo)
+    return np.floor_divide((scores - lo) * MAX_NODE_SCORE, hi - lo)  # type: ignore[no-any-return]
 
 
 def decide(
@@ -171,6 +172,15 @@ def gpus_to_mig(
 Choice = tuple[tuple[int, ...], tuple[str, ...]]  # GPU indices, MIG devices
 
 
+class _PartFields(TypedDict):
+    """The Placement fields of one GPU shape's part."""
+
+    gpu_indices: tuple[int, ...]
+    gpu_milli: int
+    gpu_memory_mib: int
+    mig_devices: tuple[str, ...]
+
+
 def place_extras(state: CycleState, node: int, primary: Placement) -> Placement:
     """``primary`` with the request's extra shapes placed on the same node, on GPUs and devices the
     primary does not use. Should the policy's GPUs for the primary leave no room for them (e.g. it took
@@ -186,7 +196,7 @@ def place_extras(state: CycleState, node: int, primary: Placement) -> Placement:
     return replace(primary, extras=extras)
 
 
-def _part_fields(state: CycleState, k: int, node: int, choice: Choice) -> dict[str, object]:
+def _part_fields(state: CycleState, k: int, node: int, choice: Choice) -> _PartFields:
     gpus, devices = choice
     if devices:
         return {"gpu_indices": (), "gpu_milli": 0, "gpu_memory_mib": 0, "mig_devices": devices}

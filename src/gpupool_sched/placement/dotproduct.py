@@ -18,4 +18,4 @@ class DotProductScore(ScorePlugin):
         product = (snap.cpu_free[candidates] / max_cpu) * (req.cpu_milli / max_cpu) + (
             gpu_milli_free(snap, candidates) / max_gpu
         ) * (req.gpu_milli_total / max_gpu)
-        return np.trunc((1.0 - product / 2.0) * 100.0)
+        return np.trunc((1.0 - product / 2.0) * 100.0)  # type: ignore[no-any-return]

@@ -76,7 +76,7 @@ class FgdScore(ScorePlugin):
         if stale.size:
             values[stale] = self._compute_change(state, stale)
             versions[stale] = snap.version[stale]
-        return values[candidates]
+        return values[candidates]  # type: ignore[no-any-return]
 
     def _compute_change(self, state: CycleState, candidates: np.ndarray) -> np.ndarray:
         snap, req = state.snapshot, state.request
@@ -86,7 +86,9 @@ class FgdScore(ScorePlugin):
         free = snap.free_milli[candidates]
         if not req.is_shared:
             after_free = whole_gpu_after(state, candidates) if req.wants_gpu else free
-            return (before - model.frag(after_free, cpu_after, candidates)).astype(np.float64)
+            return (  # type: ignore[no-any-return]
+                (before - model.frag(after_free, cpu_after, candidates)).astype(np.float64)
+            )
         rows, gpus = np.nonzero(state.eligible[candidates])
         out = np.full(free.shape, -np.inf)
         if req.gpu_memory_mib:  # a memory share takes a different milli share on each GPU model
@@ -109,4 +111,4 @@ class FgdScore(ScorePlugin):
         scores = np.where(np.isfinite(delta), scores, -1.0)
         best_gpu = np.argmax(scores, axis=1)  # first maximum: lowest index among equal scores
         state.scratch[GPU_CHOICE] = (candidates, best_gpu)
-        return scores[np.arange(len(candidates)), best_gpu]
+        return scores[np.arange(len(candidates)), best_gpu]  # type: ignore[no-any-return]

@@ -58,8 +58,8 @@ class GpuModelMatch(FilterPlugin):
         snap, req = state.snapshot, state.request
         allowed = snap.allowed_models(req.gpu_models)
         if req.wants_mig:
-            return allowed.any(axis=1)
-        return (allowed & snap.gpu_usable).any(axis=1)
+            return allowed.any(axis=1)  # type: ignore[return-value]  # an array: numpy types any(axis=) as bool | array
+        return (allowed & snap.gpu_usable).any(axis=1)  # type: ignore[no-any-return]
 
     def reason(self, request: PodRequest) -> str:
         if request.gpu_models:
@@ -76,7 +76,7 @@ class GpuFit(FilterPlugin):
         return request.wants_gpu
 
     def passes(self, state: CycleState) -> np.ndarray:
-        return state.eligible.sum(axis=1) >= state.request.gpu_count
+        return state.eligible.sum(axis=1) >= state.request.gpu_count  # type: ignore[no-any-return]
 
     def reason(self, request: PodRequest) -> str:
         if request.is_whole:
@@ -153,7 +153,7 @@ def shape_states(state: CycleState) -> list[CycleState]:
             )
             cached.append(CycleState(state.snapshot, sub, state.rng))
         state.scratch["shape_states"] = cached
-    return cached  # type: ignore[no-any-return]
+    return cached
 
 
 class GpuShapesFit:

@@ -143,7 +143,7 @@ class FragmentationModel:
         return np.where(fits, held[..., self.cls_u], 0.0) @ self.cls_w_float
 
     def _class_ok(self, cpu: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        return self.model_ok[nodes] & (cpu[:, None] >= self.cls_cpu)
+        return self.model_ok[nodes] & (cpu[:, None] >= self.cls_cpu)  # type: ignore[no-any-return]
 
     def _threshold_stats(self, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ge = free[..., None] >= self.thresholds
@@ -154,7 +154,9 @@ class FragmentationModel:
         (milli free per GPU, negative for absent GPUs) and ``cpu`` [C] milli-CPU free."""
         idle = np.clip(free, 0, None).sum(axis=1)
         cnt, held = self._threshold_stats(free)
-        return idle * self.weight_total - self._class_sum(cnt, held, self._class_ok(cpu, nodes)).astype(np.int64)
+        return (  # type: ignore[no-any-return]
+            idle * self.weight_total - self._class_sum(cnt, held, self._class_ok(cpu, nodes)).astype(np.int64)
+        )
 
     def frag_after_share(
         self, free: np.ndarray, cpu_after: np.ndarray, nodes: np.ndarray, take: int, rows: np.ndarray, gpus: np.ndarray
@@ -170,7 +172,9 @@ class FragmentationModel:
         held_p = held[rows] - np.where(ge, g[:, None], 0) + np.where(ge_after, after[:, None], 0)
         idle = np.clip(free, 0, None).sum(axis=1)[rows] - take
         ok = self._class_ok(cpu_after, nodes)[rows]
-        return idle * self.weight_total - self._class_sum(cnt_p, held_p, ok).astype(np.int64)
+        return (  # type: ignore[no-any-return]
+            idle * self.weight_total - self._class_sum(cnt_p, held_p, ok).astype(np.int64)
+        )
 
 
 def cached_for_profile(snapshot: ClusterSnapshot, kind: str, profile: WorkloadProfile, build: Callable[[], T]) -> T:

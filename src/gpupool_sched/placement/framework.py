@@ -54,7 +54,7 @@ class CycleState:
         if not self.request.gpu_memory_mib:
             return np.full(candidates.size, self.request.gpu_milli_total, dtype=np.int64)
         milli = np.where(self.eligible[candidates], self.gpu_take[0][candidates], 0)
-        return milli.max(axis=1)
+        return milli.max(axis=1)  # type: ignore[no-any-return]
 
     @property
     def eligible(self) -> np.ndarray:

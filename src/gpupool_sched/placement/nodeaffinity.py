@@ -88,7 +88,7 @@ def node_mask(snapshot: ClusterSnapshot, key: Hashable, build: Callable[[], np.n
 
 
 def _by_signature(snapshot: ClusterSnapshot, key: Hashable, test: Callable[[NodeSignature], bool]) -> np.ndarray:
-    return signature_table(snapshot, key, test)[snapshot.node_signature]
+    return signature_table(snapshot, key, test)[snapshot.node_signature]  # type: ignore[no-any-return]
 
 
 def _name_mask(snapshot: ClusterSnapshot, req: Requirement) -> np.ndarray:
@@ -116,9 +116,11 @@ def affinity_mask(snapshot: ClusterSnapshot, constraints: NodeConstraints) -> np
             if not term:
                 continue  # an empty term matches no node
             labels = tuple(r for r in term if not r.on_node_name)
-            hit = _by_signature(
-                snapshot, ("term", labels), lambda sig, reqs=labels: all(r.matches("", sig.label_map()) for r in reqs)
-            )
+
+            def term_matches(sig: NodeSignature, reqs: tuple[Requirement, ...] = labels) -> bool:
+                return all(r.matches("", sig.label_map()) for r in reqs)
+
+            hit = _by_signature(snapshot, ("term", labels), term_matches)
             for req in term:
                 if req.on_node_name:
                     hit = hit & _name_mask(snapshot, req)

@@ -34,4 +34,4 @@ class GpuPackingScore(ScorePlugin):
             used = np.where(takes_free, np.maximum(50 - 1, 33), np.maximum(100 - pct // 10, 50))
         else:
             used = np.full(candidates.size, max(50 - req.gpu_count, 33))
-        return np.where(idle_node, idle_score, used).astype(np.float64)
+        return np.where(idle_node, idle_score, used).astype(np.float64)  # type: ignore[no-any-return]

@@ -35,7 +35,7 @@ def model_pressure(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> np.nd
     if total == 0 or supply.sum() == 0:
         return np.zeros_like(supply)
     demand *= supply.sum() / total  # the workload scaled to the cluster's size
-    return np.divide(demand, supply, out=np.zeros_like(supply), where=supply > 0)
+    return np.divide(demand, supply, out=np.zeros_like(supply), where=supply > 0)  # type: ignore[no-any-return]
 
 
 def node_pressure(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> np.ndarray:
@@ -46,7 +46,9 @@ def node_pressure(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> np.nda
         ids = np.where(snapshot.gpu_usable, snapshot.gpu_model, -1)
         values = np.where(ids >= 0, per_model[np.maximum(ids, 0)] if per_model.size else 0.0, 0.0)
         count = (ids >= 0).sum(axis=1)
-        return np.divide(values.sum(axis=1), count, out=np.zeros(len(snapshot)), where=count > 0)
+        return (  # type: ignore[no-any-return]
+            np.divide(values.sum(axis=1), count, out=np.zeros(len(snapshot)), where=count > 0)
+        )
 
     return cached_for_profile(snapshot, "model-pressure", profile, build)
 
@@ -59,4 +61,4 @@ class ScarcityScore(ScorePlugin):
 
     def score(self, state: CycleState, candidates: np.ndarray) -> np.ndarray:
         gpus = state.milli_taken(candidates) / MILLI
-        return -node_pressure(state.snapshot, self.profile)[candidates] * gpus
+        return -node_pressure(state.snapshot, self.profile)[candidates] * gpus  # type: ignore[no-any-return]

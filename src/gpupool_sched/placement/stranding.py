@@ -30,7 +30,7 @@ def stranded_milli(
         feedable = np.minimum(feedable, cpu_free / profile.cpu_per_gpu_milli)
     if profile.mem_per_gpu_milli > 0:
         feedable = np.minimum(feedable, mem_free / profile.mem_per_gpu_milli)
-    return np.maximum(0.0, idle - feedable)
+    return np.maximum(0.0, idle - feedable)  # type: ignore[no-any-return]
 
 
 class StrandingScore(ScorePlugin):
@@ -46,4 +46,4 @@ class StrandingScore(ScorePlugin):
         before = stranded_milli(idle, cpu, mem, self.profile)
         taken = state.milli_taken(candidates)
         after = stranded_milli(idle - taken, cpu - req.cpu_milli, mem - req.memory_mib, self.profile)
-        return -(after - before) / MILLI
+        return -(after - before) / MILLI  # type: ignore[no-any-return]

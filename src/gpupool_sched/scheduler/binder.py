@@ -1,7 +1,8 @@
 """Carries out committed statements: one asyncio task per placement, many in flight at once.
 
 Per placement: build the handshake assignment, wait at the node's per-shape gate while an
-unacknowledged pod of the same shape is pending there (docs/handshake.md rule 4), take the gate, and
+unacknowledged pod of the same shape is pending there (docs/handshake.md rule 4; only on nodes whose
+plugin cannot tell same-shape pods apart by the kubelet's PodResources), take the gate, and
 POST the Binding with the assignment in its annotations. On failure the state forgets the pod
 and the queue retries it with backoff, or drops it when the pod is gone.
 """
@@ -97,8 +98,9 @@ class Binder:
             if any(c.gpus or c.memory_units or c.mig for c in plan.containers):
                 assignment = build_assignment(plan, placement, spec)
                 annotations = assignment_annotations(assignment)
-                shapes = frozenset(assignment.shapes())
-                await self._pass_gate(plan, node, shapes)
+                if self.state.needs_gate(node):
+                    shapes = frozenset(assignment.shapes())
+                    await self._pass_gate(plan, node, shapes)
             if plan.uid not in self.state.pods:
                 return  # deleted while waiting at the gate
             if not self.is_leader():

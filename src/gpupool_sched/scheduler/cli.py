@@ -10,7 +10,9 @@ import signal
 import socket
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gpupool_sched.errors import OneLineParser, UserError
 
@@ -39,8 +41,8 @@ def _port(text: str) -> int:
     return value
 
 
-def _positive(kind: type) -> object:
-    def parse(text: str) -> object:
+def _positive(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
@@ -176,8 +178,8 @@ async def _serve(config: object, api: object, metrics_port: int, metrics_address
 
 def _root_cause(exc: BaseException) -> str:
     """The innermost reason of a client error, e.g. `[Errno 111] Connection refused`."""
-    while getattr(exc, "reason", None) is not None and isinstance(exc.reason, BaseException):
-        exc = exc.reason
+    while isinstance(reason := getattr(exc, "reason", None), BaseException):
+        exc = reason
     text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
     if "[Errno" in text:
         text = text[text.index("[Errno"):].rstrip("')\"")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_CEILING, Context, Decimal
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeGuard
 
 from kubernetes.utils import parse_quantity
 
@@ -568,7 +568,7 @@ def _requirement(raw: Any, where: str, fields: bool, f: _Findings) -> Requiremen
         f.bad(f"{where}: operator {op} takes exactly one integer value")
         return None
     try:
-        return Requirement(key, op, tuple(values))
+        return Requirement(str(key), str(op), tuple(values))
     except InvalidRequest as exc:  # the checks above should have said it already
         f.bad(f"{where}: {exc}")
         return None
@@ -685,7 +685,7 @@ def _list(value: Any, where: str, f: _Findings) -> list[Any]:
     return list(value)
 
 
-def _text(value: Any) -> bool:
+def _text(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and bool(value)
 
 

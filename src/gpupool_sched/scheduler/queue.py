@@ -84,7 +84,7 @@ class SchedulingQueue:
         *,
         initial_backoff_s: float = 1.0,
         max_backoff_s: float = 10.0,
-        unschedulable_flush_s: float = 60.0,
+        unschedulable_flush_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if initial_backoff_s < 0 or max_backoff_s < initial_backoff_s or unschedulable_flush_s < 0:

@@ -36,6 +36,7 @@ from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
 from gpupool_sched.scheduler.metrics import SchedulerMetrics
 from gpupool_sched.scheduler.podspec import InvalidPod, pod_revision
 from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, SchedulingQueue
+from gpupool_sched.scheduler.recorder import EventRecorder
 from gpupool_sched.scheduler.state import ClusterState, Phase
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 UNSCHEDULABLE_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED, ClusterEvent.GPU_FREED)
 NOT_YET_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED)  # unknown model / profile, too big a share
 PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
+CYCLE_SLICE_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class SchedulerConfig:
     gate_timeout_s: float = 30.0
     confirm_ttl_s: float = 60.0
     bind_workers: int = 16
+    event_workers: int = 4  # of the bind_workers API threads, at most this many post Events
     leader_elect: bool = False
     lease_namespace: str = "kube-system"
     lease_name: str = "gpupool-scheduler"
@@ -106,8 +109,7 @@ class SchedulerService:
                              is_leader=lambda: self.leader.is_leader, on_bound=self._bound)
         self.synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._side: set[asyncio.Task[None]] = set()
-        self._event_slots = asyncio.Semaphore(8)
+        self.recorder = EventRecorder(api, self.metrics, workers=config.event_workers)
         self._pending: dict[str, dict[str, Any]] = {}  # uid -> latest object of our pending pods
         self._observed: set[str] = set()  # UIDs whose request entered the workload profile
         self.decisions = 0
@@ -146,6 +148,7 @@ class SchedulerService:
                 log.warning("listing the cluster failed (%s); retrying", exc)
                 await asyncio.sleep(2**attempt)
         self.synced.set()
+        self.recorder.start()
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self.leader.run(), name="leader"),
@@ -172,8 +175,7 @@ class SchedulerService:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.binder.drain()
         await self.leader.release()
-        for task in list(self._side):
-            task.cancel()
+        await self.recorder.stop()
 
     # ---- watch events (called by kopf handlers and by resync) ------------------------------------
     def on_priority_class(self, kind: str | None, obj: dict[str, Any]) -> None:
@@ -238,14 +240,19 @@ class SchedulerService:
             if item is None:
                 await self.queue.wait(timeout=1.0)
                 continue
-            try:
-                self.schedule_one(item)
-            except Exception:  # nothing a pod says may stop the loop
-                log.exception("scheduling %s failed unexpectedly", item.key)
-                self.metrics.attempts.labels(result="error").inc()
-                self.queue.backoff(item)
-            self.decisions += 1
-            await asyncio.sleep(0)  # let watch events and binds in between decisions
+            # decide for up to CYCLE_SLICE_S before handing the loop back to watch events and binds:
+            # one decision per turn leaves a burst's decisions queued behind every watch event
+            until = time.monotonic() + CYCLE_SLICE_S
+            while item is not None:
+                try:
+                    self.schedule_one(item)
+                except Exception:  # nothing a pod says may stop the loop
+                    log.exception("scheduling %s failed unexpectedly", item.key)
+                    self.metrics.attempts.labels(result="error").inc()
+                    self.queue.backoff(item)
+                self.decisions += 1
+                item = self.queue.pop() if time.monotonic() < until and self.leader.is_leader else None
+            await asyncio.sleep(0)
 
     def schedule_one(self, item: QueuedPod) -> None:
         obj = self._pending.get(item.uid)
@@ -277,40 +284,13 @@ class SchedulerService:
         if outcome.ok:
             self.queue.done(item.uid)
             plan = outcome.plan
-            self._side_task(self._post_event(
-                plan.namespace, plan.name, plan.uid, "Normal", "Scheduled",
-                f"Successfully assigned {plan.key} to {outcome.node}"))
+            self.recorder.scheduled(plan.namespace, plan.name, plan.uid, outcome.node)
 
     def _report_unschedulable(self, obj: dict[str, Any], message: str) -> None:
         meta = obj.get("metadata") or {}
         ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
         log.info("pod %s/%s: %s", ns, name, message)
-        self._side_task(self._post_unschedulable(ns, name, uid, message))
-
-    async def _post_unschedulable(self, ns: str, name: str, uid: str, message: str) -> None:
-        await self._post_event(ns, name, uid, "Warning", "FailedScheduling", message)
-        async with self._event_slots:
-            try:
-                await self.api.set_unschedulable(ns, name, message)
-            except ApiError as exc:
-                if exc.status != 404:
-                    log.warning("pod %s/%s: setting PodScheduled=False failed: %s", ns, name, exc)
-
-    async def _post_event(self, ns: str, name: str, uid: str, kind: str, reason: str, message: str) -> None:
-        async with self._event_slots:
-            try:
-                await self.api.post_event({"namespace": ns, "name": name, "uid": uid},
-                                          kind=kind, reason=reason, message=message)
-                self.metrics.events.labels(reason=reason, outcome="posted").inc()
-            except ApiError as exc:
-                self.metrics.events.labels(reason=reason, outcome="failed").inc()
-                if exc.status not in (404, 403):
-                    log.warning("event %s on %s/%s failed: %s", reason, ns, name, exc)
-
-    def _side_task(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._side.add(task)
-        task.add_done_callback(self._side.discard)
+        self.recorder.unschedulable(ns, name, uid, message)
 
     # ---- housekeeping: flush, expiry, gauges -----------------------------------------------------
     async def _housekeeping(self) -> None:

@@ -17,7 +17,10 @@ event loop), so every cycle decides on a consistent view.
 
 It also keeps the assignment handshake's per-(node, shape) gate (docs/handshake.md, rule 4): a pod
 with an assignment holds the gate of its node for its container shapes from bind until the device
-plugin's ack, the pod leaving Pending, its deletion, or `gate_timeout_s`.
+plugin's ack, the pod leaving Pending, its deletion, or `gate_timeout_s`; not on nodes whose plugin
+tells same-shape pods apart by the kubelet's PodResources (`needs_gate`). `gate_busy` tells the
+cycle which nodes are in that pipeline for a set of shapes (holding the gate, or assumed and about
+to take it), so that it can prefer nodes where a bind goes out at once.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 Shape = tuple[str, int]
 
 
+def plan_shapes(plan: PodPlan) -> frozenset[Shape]:
+    """The handshake shapes (plugin resource, device count) of a pod's containers."""
+    return frozenset((r, n) for c in plan.containers for r, n in c.counts().items())
+
+
 class Phase(StrEnum):
     ASSUMED = "assumed"
     BOUND = "bound"
@@ -64,6 +72,7 @@ class PodEntry:
     resource_version: int = 0
     shapes: frozenset[Shape] = frozenset()  # handshake shapes while the pod holds its node's gate
     gate_since: float | None = None  # None: not holding the gate
+    occupies: frozenset[Shape] = frozenset()  # shapes counted in ClusterState.gate_busy (assumed or holding)
     applied: bool = False  # accounted on the snapshot (False while its node is unknown)
     pending: bool = True  # pod phase Pending
     unresolved: Mapping[str, Any] | None = None  # the pod, while its node is unknown (devices told later)
@@ -118,6 +127,7 @@ class ClusterState:
         self.priority_classes: dict[str, int] = {}
         self._facts: ClusterFacts | None = None
         self.on_gate_release: Callable[[str], None] = lambda node: None
+        self._gate_load: dict[Shape, dict[str, int]] = defaultdict(dict)  # shape -> node -> pods in its gate
         self.gate_timeouts = 0
         self.unknown_devices = 0  # bound pods whose GPUs could not be told (accounted by a guess)
 
@@ -245,6 +255,7 @@ class ClusterState:
                 self._account_from(entry, obj, node, None, ack)
             if entry.gate_since is not None and (acked or not pending):
                 entry.gate_since = None
+                self._occupy(entry, frozenset())
                 released = node
             return PodUpdate(gone=True, gate_released=released)
         if entry is not None:  # bound to another node than we assumed: trust the API server
@@ -255,9 +266,10 @@ class ClusterState:
         entry = PodEntry(uid, key, node, request, placement, Phase.CONFIRMED, ours, self.clock(), rv, pending=pending)
         if view is None:
             entry.unresolved = obj
-        if assignment is not None and pending and not acked and assignment.pod_uid == uid:
+        if assignment is not None and pending and not acked and assignment.pod_uid == uid and self.needs_gate(node):
             entry.shapes = frozenset(assignment.shapes())
             entry.gate_since = self.clock()  # e.g. after a restart: still waiting for the plugin
+            self._occupy(entry, entry.shapes)
         self.pods[uid] = entry
         self.by_node[node].add(uid)
         self._apply(entry)
@@ -275,10 +287,8 @@ class ClusterState:
         if view is None:
             return request, Placement(node=node)  # accounted when the node shows up
         found = placement_from_annotations(plan, view.spec, assignment, ack)
-        if isinstance(found, tuple):
-            request, found = found
         if found is not None:
-            return request, found
+            return found
         if not (request.wants_gpu or request.wants_mig or request.extra):
             return request, Placement(node=node)
         return self._guess(request, node)
@@ -310,15 +320,15 @@ class ClusterState:
         except InvalidPod:
             return
         found = placement_from_annotations(plan, view.spec, assignment, ack)
-        request = plan.request
-        if isinstance(found, tuple):
-            request, found = found
-        if found is None or (_devices(found) == _devices(entry.placement)):
+        if found is None:
+            return
+        request, placement = found
+        if _devices(placement) == _devices(entry.placement):
             return
         log.info("pod %s: the kubelet allocated %s, accounted %s; following the kubelet",
-                 entry.key, _devices(found), _devices(entry.placement))
+                 entry.key, _devices(placement), _devices(entry.placement))
         self._unapply(entry)
-        entry.request, entry.placement = request, found
+        entry.request, entry.placement = request, placement
         self._apply(entry)
 
     # ---- pods: the cycle --------------------------------------------------------------------------
@@ -331,12 +341,45 @@ class ClusterState:
         self.pods[plan.uid] = entry
         self.by_node[placement.node].add(plan.uid)
         self._apply(entry)
+        if self.needs_gate(placement.node):
+            self._occupy(entry, plan_shapes(plan))  # on its way to the gate
         return entry
+
+    def needs_gate(self, node: str) -> bool:
+        """False when the node's device plugin tells same-shape pods apart by the kubelet's PodResources
+        (its inventory says `pod_identity`): several may then be pending there at once."""
+        view = self.nodes.get(node)
+        return not (view is not None and view.inventory is not None and view.inventory.pod_identity)
 
     def hold_gate(self, uid: str, shapes: Iterable[Shape]) -> None:
         entry = self.pods[uid]
         entry.shapes = frozenset(shapes)
         entry.gate_since = self.clock()
+        self._occupy(entry, entry.shapes)
+
+    def gate_busy(self, shapes: Iterable[Shape]) -> set[str]:
+        """Nodes where a pod sharing one of `shapes` holds the gate or is assumed on its way to it: a
+        pod placed there now would wait for that pod's ack before its Binding goes out."""
+        out: set[str] = set()
+        for shape in shapes:
+            load = self._gate_load.get(shape)
+            if load:
+                out.update(load)
+        return out
+
+    def _occupy(self, entry: PodEntry, shapes: frozenset[Shape]) -> None:
+        """Move `entry`'s count in the gate load from its current shapes to `shapes`."""
+        for shape in entry.occupies:
+            load = self._gate_load[shape]
+            left = load.get(entry.node, 0) - 1
+            if left > 0:
+                load[entry.node] = left
+            else:
+                load.pop(entry.node, None)
+        for shape in shapes:
+            load = self._gate_load[shape]
+            load[entry.node] = load.get(entry.node, 0) + 1
+        entry.occupies = shapes
 
     def gate_blocker(self, uid: str, node: str, shapes: frozenset[Shape]) -> PodEntry | None:
         """An unacknowledged pod on `node` sharing a shape with `shapes` (then `uid` must wait)."""
@@ -351,6 +394,7 @@ class ClusterState:
                 log.warning("pod %s: no ack from the device plugin on %s after %.0fs; opening its gate",
                             other.key, node, now - other.gate_since)
                 other.gate_since = None
+                self._occupy(other, frozenset())
                 self.gate_timeouts += 1
                 continue
             return other
@@ -370,6 +414,7 @@ class ClusterState:
         if entry is None:
             return None
         self._unapply(entry)
+        self._occupy(entry, frozenset())
         uids = self.by_node.get(entry.node)
         if uids is not None:
             uids.discard(uid)

@@ -1,0 +1,66 @@
+"""The kopf wiring: what kopf would do with our handlers, checked on the registry itself."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import kopf
+import pytest
+from kubernetes import client
+
+from gpupool_sched.scheduler.kubeapi import KubeApi
+from gpupool_sched.scheduler.recorder import EventRecorder
+from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
+from gpupool_sched.scheduler.watch import NoDiffBase, build_registry
+
+
+@pytest.fixture
+def service() -> SchedulerService:
+    return SchedulerService(SchedulerConfig(), KubeApi(client.ApiClient(client.Configuration())))
+
+
+def test_watch_handlers_are_coroutines(service: SchedulerService) -> None:
+    """kopf runs plain-function handlers on its thread pool; the state, the queue and the binder's
+    asyncio gates must only ever be touched from the event loop's thread."""
+    registry = build_registry(service)
+    handlers = list(registry._watching.get_all_handlers())
+    assert {h.selector.any_name for h in handlers if h.selector is not None} == {"pods", "nodes", "priorityclasses"}
+    for h in handlers:
+        assert inspect.iscoroutinefunction(h.fn), f"{h.id} would run on kopf's thread pool"
+    assert not list(registry._changing.get_all_handlers()), "on.create/update/delete store state on objects"
+    assert not list(registry._spawning.get_all_handlers()), "daemons and timers store state on objects"
+
+
+def test_startup_drops_kopfs_diff_base(service: SchedulerService) -> None:
+    """on.event needs no diff: the startup activity replaces the storage that deep-copies each object."""
+    registry = build_registry(service)
+    settings = kopf.OperatorSettings()
+    (startup,) = [h for h in registry._activities.get_all_handlers() if h.activity == "startup"]
+
+    async def started() -> None:
+        async def no_start() -> None:
+            return None
+
+        service.start = no_start  # type: ignore[method-assign]
+        await startup.fn(settings=settings)
+
+    asyncio.run(started())
+    assert isinstance(settings.persistence.diffbase_storage, NoDiffBase)
+    assert settings.persistence.diffbase_storage.build(body=kopf.Body({"metadata": {}})) is None
+    assert settings.posting.enabled is False and settings.peering.standalone is True
+
+
+def test_event_queue_is_bounded_and_drops_are_counted(service: SchedulerService) -> None:
+    """A burst of reports beyond the queue's room is dropped and counted, never held in memory."""
+    recorder = EventRecorder(service.api, service.metrics, workers=1, capacity=3)
+
+    async def burst() -> None:
+        for i in range(10):  # no worker started: nothing drains the queue
+            recorder.scheduled("ns", f"p{i}", f"uid-{i}", "n1")
+
+    asyncio.run(burst())
+    assert recorder.queued == 3
+    dropped = service.metrics.registry.get_sample_value(
+        "gpupool_scheduler_events_posted_total", {"reason": "Scheduled", "outcome": "dropped"})
+    assert dropped == 7
