@@ -262,15 +262,15 @@ class Daemon:
             acks = AckWriter(api, self.metrics, alive=book.has)
             acks.start()
             self._parts.append(acks)
-            if self.config.kubernetes.publish_node:
-                publisher = NodePublisher(api, self.opts.node_name, publication(), self.metrics,
-                                          self.config.kubernetes.node_refresh_s)
-                publisher.start()
-                self._parts.append(publisher)
             if not watcher.synced.wait(10):
                 log.warning("pods of node %s not listed yet; whole GPUs and memory units stay Unhealthy until "
                             "they are", self.opts.node_name)
             kubelet = self._start_reconciler(book, acks, resources, identity_changed)
+            if self.config.kubernetes.publish_node:  # after the first reconciliation: pod_identity is known
+                publisher = NodePublisher(api, self.opts.node_name, publication(), self.metrics,
+                                          self.config.kubernetes.node_refresh_s)
+                publisher.start()
+                self._parts.append(publisher)
         self.book = book
 
         if self.config.health.enabled:

@@ -1,0 +1,278 @@
+"""Priority preemption, the decision: which lower-priority pods to evict, on which node, and where the
+preemptor goes once they are gone. Pure, like ``decide()``: the scheduler service, the simulator and the
+tests call the same function and carry out its answer themselves (Eviction API, nominatedNodeName).
+
+It follows kube-scheduler's DefaultPreemption (pkg/scheduler/framework/preemption, plugins/
+defaultpreemption), with GPU awareness added:
+
+* Only pods of strictly lower priority may be evicted. On each node, all of them are removed; if the pod
+  still does not fit there, the node is no candidate. Otherwise they are added back one at a time, most
+  important first (PDB-protected ones first, then higher priority, then *more GPU capacity held*, then
+  earlier start), each kept if the pod still fits; those that cannot be kept are the node's victims.
+* "Fits" is the policy's own filter chain (plus the joint check of multi-shape pods), exactly what
+  ``decide()`` asks, so a plan never evicts for a node the pod could not use anyway.
+* The node is chosen by, in order: fewest PDB violations; lowest highest-victim priority; least GPU
+  capacity evicted (milli-GPU, then whole GPUs); smallest priority sum; fewest victims; latest start of the
+  highest-priority victims; the snapshot's tie order (node name by default).
+
+Where the GPU criterion sits, and why: after the highest victim priority, so no pod of higher priority
+is ever evicted to spare GPU capacity, and before kube-scheduler's priority sum. That sum adds 2^31 to
+each priority (so negative priorities do not reward more victims), which makes it a victim count at equal
+priorities: behind it, evicting one whole-GPU job would always beat evicting the two tenants of a shared
+GPU, the opposite of what a pooled GPU cluster wants. The tenants of one GPU hold at most 1000 milli
+between them, a whole-GPU job 1000 per GPU; on a tie (tenants that fill their GPU) fewer whole GPUs wins.
+Inside a node the reprieve order does the same: pods holding more GPU are kept first.
+
+Work is batched across nodes rather than node by node: one working copy of the snapshot, every candidate
+node's lower-priority pods released at once, and each reprieve step is one vectorised filter pass over
+all nodes (nodes are independent, so the result is the same as node by node). A cheap bound (CPU, memory,
+pod slots, whole GPUs, node constraints) skips nodes where even removing every lower-priority pod cannot
+be enough. At 1,000 nodes x 8 pods one call takes 0.15-0.4 s on 2 cores, nearly all of it in the
+snapshot's assume/release (24,000 calls).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from gpupool_sched.model.cluster import ClusterSnapshot, GpuSpec, NodeSpec
+from gpupool_sched.model.constraints import NODE_NAME_FIELD, Requirement
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.model.request import MILLI, PodRequest
+from gpupool_sched.placement.decide import decide, feasible_nodes
+from gpupool_sched.placement.filters import GpuShapesFit
+from gpupool_sched.placement.framework import CycleState, Policy
+from gpupool_sched.placement.nodeaffinity import (
+    affinity_mask,
+    constraints_of,
+    cordon_mask,
+    taint_mask,
+    tolerates_cordon,
+)
+
+PRIORITY_SHIFT = 1 << 31  # kube-scheduler adds MaxInt32+1 to each victim's priority before summing
+_NO_VICTIM = -(1 << 62)  # "highest victim priority" of a plan without victims: below every int32
+_MIG_PROFILE = re.compile(r"(\d+)g\.(\d+)gb")  # 1g.10gb, 1c.3g.40gb -> compute slices, GB
+_MIG_COMPUTE_SLICES = 7  # A100/H100/H200: a MIG GPU has 7 compute slices (fallback when memory is unknown)
+_SHAPES_FIT = GpuShapesFit()
+
+
+@dataclass(frozen=True, slots=True)
+class RunningPod:
+    """A pod holding resources on a node, as preemption sees it. ``request`` and ``placement`` must be
+    exactly what is accounted on the snapshot (``release`` undoes them). ``pdb_blocked``: evicting it
+    would violate a PodDisruptionBudget (the caller decides, e.g. from the PDBs' disruptionsAllowed)."""
+
+    uid: str
+    node: str
+    priority: int
+    request: PodRequest
+    placement: Placement
+    start_time: float  # seconds since the epoch; later = younger
+    pdb_blocked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Evict ``victims`` (most important first) on ``node``; the preemptor then goes to ``placement``.
+    No victims means the pod already fits there (the caller's view was older than the snapshot)."""
+
+    node: str
+    victims: tuple[RunningPod, ...]
+    placement: Placement
+    pdb_violations: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCost:
+    """GPU capacity a pod holds: milli-GPU (whole GPUs 1000 each, shares their milli, MIG slices their
+    part of the GPU) and how many whole GPUs of it are whole-GPU allocations."""
+
+    milli: int = 0
+    whole: int = 0
+
+    def __add__(self, other: GpuCost) -> GpuCost:
+        return GpuCost(self.milli + other.milli, self.whole + other.whole)
+
+
+def mig_slice_milli(profile: str, gpu: GpuSpec) -> int:
+    """A MIG device's part of its GPU in milli: its memory over the GPU's (``1g.10gb`` on an 80 GB GPU:
+    125); by compute slices of 7 when the GPU's memory is unknown; the whole GPU for unknown profiles."""
+    found = _MIG_PROFILE.search(profile)
+    if found is None:
+        return MILLI
+    compute, gb = int(found.group(1)), int(found.group(2))
+    if gpu.memory_mib > 0:
+        return max(1, min(MILLI, gb * 1024 * MILLI // gpu.memory_mib))
+    return max(1, min(MILLI, compute * MILLI // _MIG_COMPUTE_SLICES))
+
+
+def gpu_cost(placement: Placement, spec: NodeSpec) -> GpuCost:
+    """What evicting the pod placed at ``placement`` on the node ``spec`` gives up in GPU capacity."""
+    cost = GpuCost()
+    for part in placement.parts():
+        if part.gpu_milli == MILLI:
+            cost += GpuCost(MILLI * len(part.gpu_indices), len(part.gpu_indices))
+        else:
+            cost += GpuCost(part.gpu_milli * len(part.gpu_indices))
+        if part.mig_devices:
+            slices = {s.uuid: (s.profile, g) for g in spec.gpus for s in g.mig_slices}
+            for uuid in part.mig_devices:
+                if uuid in slices:
+                    cost += GpuCost(mig_slice_milli(*slices[uuid]))
+    return cost
+
+
+def pinned(request: PodRequest, node: str) -> PodRequest:
+    """``request`` restricted to ``node`` (its own selector, affinity and tolerations still apply): the
+    node-name requirement is ANDed into every affinity term; empty terms stay empty (they match nothing)."""
+    pin = Requirement(NODE_NAME_FIELD, "In", (node,))
+    c = constraints_of(request)
+    terms = tuple((*term, pin) if term else term for term in c.affinity_terms) if c.affinity_terms else ((pin,),)
+    return replace(request, constraints=replace(c, affinity_terms=terms))
+
+
+def fit_mask(snapshot: ClusterSnapshot, request: PodRequest, policy: Policy) -> np.ndarray:
+    """Boolean per node: ``decide()`` would accept the node for ``request`` (filters, then the joint
+    fit of every GPU shape for multi-shape pods)."""
+    state = CycleState(snapshot, request, None)
+    ok, _ = feasible_nodes(state, policy)
+    if request.extra and ok.size:
+        ok = ok[_SHAPES_FIT.passes(state, ok)]
+    mask = np.zeros(len(snapshot), dtype=bool)
+    mask[ok] = True
+    return mask
+
+
+@dataclass(slots=True)
+class _NodePlan:
+    row: int
+    order: list[RunningPod]  # reprieve order, most important first
+    costs: dict[str, GpuCost]
+    victims: list[RunningPod] = field(default_factory=list)
+    violations: int = 0
+
+    def key(self, tie_rank: int) -> tuple[float, ...]:
+        """Smaller is better (see the module docstring for the order and why)."""
+        victims = self.victims
+        if not victims:
+            return (0, _NO_VICTIM, 0, 0, 0, 0, 0, tie_rank)
+        top = max(v.priority for v in victims)
+        gpu = sum((self.costs[v.uid] for v in victims), GpuCost())
+        priority_sum = sum(v.priority + PRIORITY_SHIFT for v in victims)
+        earliest_top = min(v.start_time for v in victims if v.priority == top)
+        # negated: the latest start sorts first
+        return (self.violations, top, gpu.milli, gpu.whole, priority_sum, len(victims), -earliest_top, tie_rank)
+
+
+def _importance(pod: RunningPod, cost: GpuCost) -> tuple[int, int, int, float, str]:
+    """Sort key, most important first: higher priority, more GPU held (whole GPUs first), earlier start."""
+    return (-pod.priority, -cost.milli, -cost.whole, pod.start_time, pod.uid)
+
+
+def _bound(work: ClusterSnapshot, request: PodRequest, by_row: dict[int, list[RunningPod]]) -> list[int]:
+    """Rows where the pod might fit once every lower-priority pod there is gone: a necessary condition
+    of the default filter chain (node constraints, pod slots, CPU, memory, whole GPUs), cheap enough to
+    spare releasing pods on nodes that cannot serve."""
+    rows = np.array(sorted(by_row), dtype=np.int64)
+    cpu = np.array([sum(p.request.cpu_milli for p in by_row[r]) for r in rows], dtype=np.int64)
+    mem = np.array([sum(p.request.memory_mib for p in by_row[r]) for r in rows], dtype=np.int64)
+    count = np.array([len(by_row[r]) for r in rows], dtype=np.int64)
+    ok = (work.pods_free[rows] + count >= 1) & (work.cpu_free[rows] + cpu >= request.cpu_milli)
+    ok &= work.mem_free[rows] + mem >= request.memory_mib
+    c = constraints_of(request)
+    if c.selects_nodes:
+        ok &= affinity_mask(work, c)[rows]
+    if work.tainted_nodes:
+        ok &= taint_mask(work, c)[rows]
+    if work.cordoned_nodes and not tolerates_cordon(c):
+        ok &= cordon_mask(work)[rows]
+    if request.is_whole:
+        freed = np.zeros((rows.size, work.gpu_slots), dtype=np.int64)
+        for k, r in enumerate(rows):
+            for pod in by_row[int(r)]:
+                for part in pod.placement.parts():
+                    for j in part.gpu_indices:
+                        freed[k, j] += part.gpu_milli
+        free_after = (work.free_milli[rows] + freed == MILLI) & work.gpu_usable[rows]
+        free_after &= work.allowed_models(request.gpu_models)[rows]
+        ok &= free_after.sum(axis=1) >= request.gpu_count
+    return [int(r) for r in rows[ok]]
+
+
+def plan_preemption(
+    snapshot: ClusterSnapshot,
+    request: PodRequest,
+    priority: int,
+    running: Sequence[RunningPod],
+    policy: Policy,
+    rng: np.random.Generator | None = None,
+) -> Preemption | None:
+    """Where ``request`` (of ``priority``, usually ``request.priority``) can run by evicting pods of
+    strictly lower priority from ``running`` (the pods accounted on ``snapshot``), or None when no node
+    would have room even with all of them gone. ``snapshot`` is not modified (the work happens on copies).
+
+    Call it for a pod that fits nowhere and whose PriorityClass allows preemption (``preemptionPolicy:
+    Never`` pods must not be passed). Nodes without lower-priority pods are not considered. Should the
+    pod fit on a node as things are, that node wins with no victims. Multi-shape pods (``of_shapes``)
+    are handled like single-shape ones: "fits" includes the joint fit of all their shapes, and victims
+    holding several shapes free all of them. Running pods on nodes the snapshot lacks hold nothing on it
+    and are ignored; a UID given twice is a ValueError.
+    """
+    seen: set[str] = set()
+    by_row: dict[int, list[RunningPod]] = defaultdict(list)
+    for pod in running:
+        if pod.uid in seen:
+            raise ValueError(f"running pod {pod.uid} is given twice")
+        seen.add(pod.uid)
+        row = snapshot.index.get(pod.node)
+        if row is not None and pod.priority < priority:
+            by_row[row].append(pod)
+    if not by_row:
+        return None
+
+    work = snapshot.copy()
+    rows = _bound(work, request, by_row)
+    plans: dict[int, _NodePlan] = {}
+    for row in rows:
+        spec = work.nodes[row]
+        costs = {p.uid: gpu_cost(p.placement, spec) for p in by_row[row]}
+        order = sorted(by_row[row], key=lambda p: (not p.pdb_blocked, *_importance(p, costs[p.uid])))
+        for pod in order:
+            work.release(pod.request, pod.placement)
+        plans[row] = _NodePlan(row, order, costs)
+    if not plans:
+        return None
+    fits = fit_mask(work, request, policy)
+    plans = {row: plan for row, plan in plans.items() if fits[row]}
+    if not plans:
+        return None
+
+    # Reprieve, one step for every node at once: add back each node's next pod; where the pod no longer
+    # fits, take it out again: it is a victim.
+    for step in range(max(len(plan.order) for plan in plans.values())):
+        trying = [(plan, plan.order[step]) for plan in plans.values() if step < len(plan.order)]
+        for _, pod in trying:
+            work.assume(pod.request, pod.placement)
+        fits = fit_mask(work, request, policy)
+        for plan, pod in trying:
+            if not fits[plan.row]:
+                work.release(pod.request, pod.placement)
+                plan.victims.append(pod)
+                plan.violations += pod.pdb_blocked
+
+    best = min(plans.values(), key=lambda plan: plan.key(int(snapshot.tie_rank[plan.row])))
+    node = snapshot.node_names[best.row]
+    after = snapshot.copy()
+    for pod in best.victims:
+        after.release(pod.request, pod.placement)
+    decision = decide(after, pinned(request, node), policy, rng)
+    if not isinstance(decision, Placement):  # fit_mask said it fits: decide() asks the same question
+        raise AssertionError(f"pod {request.name}: no placement on {node} after evicting its victims")
+    victims = sorted(best.victims, key=lambda p: _importance(p, best.costs[p.uid]))
+    return Preemption(node, tuple(victims), decision, best.violations)
