@@ -762,6 +762,8 @@ def run_cluster(args: argparse.Namespace, console: Console) -> tuple[list[RunRes
             )
             nodes_ready_s = time.monotonic() - began
         console.print(f"{args.nodes} {args.profile} nodes ({capacity} GPUs) Ready in {nodes_ready_s:.1f}s")
+        # the first run must not pay for kwok and the API server still busy with the new nodes
+        console.print(f"control plane quiet after {settle(cluster):.1f}s more")
         for m, mode in enumerate(args.modes):
             pods = args.paced_pods if mode == "paced" else args.pods
             rate = args.paced_rate if mode == "paced" else None

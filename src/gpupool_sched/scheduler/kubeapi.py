@@ -175,6 +175,21 @@ class KubeApi:
         await self.write(self.core.patch_namespaced_pod_status, name, namespace, patch,
                          _content_type="application/strategic-merge-patch+json")
 
+    async def evict(self, namespace: str, name: str, uid: str, grace_s: int | None) -> None:
+        """POST a policy/v1 Eviction (a 429 ApiError: a PodDisruptionBudget forbids it now). The UID
+        precondition spares a namesake that replaced the pod; `grace_s` None keeps the pod's own."""
+        options: dict[str, Any] = {"preconditions": {"uid": uid}}
+        if grace_s is not None:
+            options["gracePeriodSeconds"] = grace_s
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace}, "deleteOptions": options}
+        await self.write(self.core.create_namespaced_pod_eviction, name, namespace, body)
+
+    async def set_nominated_node(self, namespace: str, name: str, node: str | None) -> None:
+        """status.nominatedNodeName (None clears it), by a merge patch of the status."""
+        await self.write(self.core.patch_namespaced_pod_status, name, namespace,
+                         {"status": {"nominatedNodeName": node}}, _content_type="application/merge-patch+json")
+
     # ---- leases (leader election) ---------------------------------------------------------------
     def read_lease_sync(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -56,5 +56,13 @@ class SchedulerMetrics:
         self.events = Counter(
             "gpupool_scheduler_events_posted", "Events posted by reason and outcome", ["reason", "outcome"],
             registry=r)
+        self.preemption_attempts = Counter(
+            "gpupool_scheduler_preemption_attempts", "Preemption attempts of unschedulable pods by result "
+            "(planned, no_plan, failed: an eviction was refused)", ["result"], registry=r)
+        self.preemption_victims = Counter(
+            "gpupool_scheduler_preemption_victims", "Pods evicted by preemption", registry=r)
+        self.nominations = Gauge(
+            "gpupool_scheduler_nominations", "Preemptors waiting for their victims to go (live nominations)",
+            registry=r)
         self.profile_version = Gauge(
             "gpupool_scheduler_workload_profile_version", "Rebuilds of the workload profile FGD uses", registry=r)

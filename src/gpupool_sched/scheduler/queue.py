@@ -200,6 +200,19 @@ class SchedulingQueue:
         self._entries[pod.uid] = entry
         self._requeue(entry, now)
 
+    def retry(self, uid: str) -> None:
+        """A parked pod gets another try after its backoff (kube-scheduler's Activate, with backoff):
+        e.g. its preemption failed. In flight: it is requeued rather than parked when it returns."""
+        flight = self._flight.get(uid)
+        if flight is not None:
+            flight.changed = True
+            return
+        entry = self._entries.get(uid)
+        if entry is None or entry.where != UNSCHEDULABLE:
+            return
+        self._leave(entry)
+        self._requeue(entry, self.clock())
+
     def done(self, uid: str) -> None:
         """The popped pod needs no more scheduling (bound, or handed elsewhere)."""
         self._flight.pop(uid, None)

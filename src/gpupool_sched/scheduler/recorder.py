@@ -66,6 +66,10 @@ class EventRecorder:
         """A FailedScheduling Event and PodScheduled=False with reason Unschedulable."""
         self._put(Report(namespace, name, uid, "Warning", "FailedScheduling", message, unschedulable=True))
 
+    def record(self, namespace: str, name: str, uid: str, kind: str, reason: str, message: str) -> None:
+        """Any other Event on a pod (preemption's Preempting, Preempted, PreemptionFailed)."""
+        self._put(Report(namespace, name, uid, kind, reason, message))
+
     def _put(self, report: Report) -> None:
         try:
             self._queue.put_nowait(report)

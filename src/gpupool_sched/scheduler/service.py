@@ -1,6 +1,6 @@
 """The scheduler service: watch → state (ledger) → queue → cycle (placement core) → binder → events.
 
-    kopf on.event (pods, nodes, PriorityClasses)
+    kopf on.event (pods, nodes, PriorityClasses, PodDisruptionBudgets)
           │
           ▼
     ClusterState ──(facts, snapshot)──▶ Cycle: decide() ──▶ Statement ──▶ Binder: gate → Binding
@@ -8,6 +8,7 @@
           └──(cluster events)──▶ SchedulingQueue ◀──(backoff / park)───────────┘
                                           │
                                           └──▶ FailedScheduling Event + PodScheduled=False
+    Cycle: fits nowhere ──▶ plan_preemption ──▶ Statement (evictions) ──▶ Preemptor: nominate, Eviction API
 
 Everything runs on one asyncio loop (kopf's); only API calls leave it, on a thread pool. The state is
 rebuilt from a LIST of nodes and pods (their assignment and ack annotations) before the first cycle,
@@ -35,6 +36,7 @@ from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
 from gpupool_sched.scheduler.metrics import SchedulerMetrics
 from gpupool_sched.scheduler.podspec import InvalidPod, pod_revision
+from gpupool_sched.scheduler.preemptor import DisruptionBudgets, Preemptor, may_preempt, running_pods
 from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, SchedulingQueue
 from gpupool_sched.scheduler.recorder import EventRecorder
 from gpupool_sched.scheduler.state import ClusterState, Phase
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 UNSCHEDULABLE_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED, ClusterEvent.GPU_FREED)
 NOT_YET_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED)  # unknown model / profile, too big a share
 PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
+PDBS = "/apis/policy/v1/poddisruptionbudgets"
 CYCLE_SLICE_S = 0.005
 
 
@@ -67,6 +70,7 @@ class SchedulerConfig:
     identity: str = "gpupool"
     profile_window: int = 2000
     housekeeping_s: float = 1.0
+    nomination_slack_s: float = 60.0  # freed GPUs are held for a preemptor the victims' grace + this
 
 
 def _created(obj: dict[str, Any]) -> float:
@@ -98,7 +102,8 @@ class SchedulerService:
         self._policy_version = -1
         self._profile_in_use: WorkloadProfile | None = None
         self.cycle = Cycle(self.state, self.current_policy,
-                           percentage_of_nodes_to_score=config.percentage_of_nodes_to_score)
+                           percentage_of_nodes_to_score=config.percentage_of_nodes_to_score,
+                           nomination_slack_s=config.nomination_slack_s)
         self.leader: LeaderElector | AlwaysLeader = (
             LeaderElector(api, config.lease_namespace, config.lease_name, config.identity,
                           lease_duration_s=config.lease_duration_s, renew_deadline_s=config.renew_deadline_s,
@@ -110,6 +115,8 @@ class SchedulerService:
         self.synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.recorder = EventRecorder(api, self.metrics, workers=config.event_workers)
+        self.budgets = DisruptionBudgets()
+        self.preemptor = Preemptor(self.state, api, self.queue, self.metrics, self.recorder)
         self._pending: dict[str, dict[str, Any]] = {}  # uid -> latest object of our pending pods
         self._observed: set[str] = set()  # UIDs whose request entered the workload profile
         self.decisions = 0
@@ -162,6 +169,13 @@ class SchedulerService:
         classes, _ = await self.api.list_raw(PRIORITY_CLASSES)
         for obj in classes:
             self.on_priority_class("ADDED", obj)
+        try:
+            budgets, _ = await self.api.list_raw(PDBS)
+        except ApiError as exc:  # preemption then ranks victims without them; evictions still honour them
+            log.warning("listing PodDisruptionBudgets failed (%s)", exc)
+            budgets = []
+        for obj in budgets:
+            self.on_pdb("ADDED", obj)
         nodes, _ = await self.api.list_raw("/api/v1/nodes")
         for obj in nodes:
             self.on_node("ADDED", obj)
@@ -174,6 +188,7 @@ class SchedulerService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.binder.drain()
+        await self.preemptor.drain()
         await self.leader.release()
         await self.recorder.stop()
 
@@ -182,13 +197,19 @@ class SchedulerService:
         name = (obj.get("metadata") or {}).get("name")
         if not name:
             return
+        self.state.non_preempting_classes.discard(name)
         if kind == "DELETED":
             self.state.priority_classes.pop(name, None)
         else:
+            if obj.get("preemptionPolicy") == "Never":
+                self.state.non_preempting_classes.add(name)
             try:
                 self.state.priority_classes[name] = int(obj.get("value", 0))
             except (TypeError, ValueError):
                 log.warning("PriorityClass %s has a non-integer value", name)
+
+    def on_pdb(self, kind: str | None, obj: dict[str, Any]) -> None:
+        self.budgets.apply(kind, obj)
 
     def on_node(self, kind: str | None, obj: dict[str, Any]) -> None:
         name = (obj.get("metadata") or {}).get("name")
@@ -269,14 +290,25 @@ class SchedulerService:
             self._report_unschedulable(obj, str(exc))
             return
         self._observe(plan.uid, plan.request)
-        result = self.cycle.schedule(plan)
+        preempts = may_preempt(obj, self.state.non_preempting_classes)
+        nominated = self.state.nominations.get(plan.uid)
+        result = self.cycle.schedule(plan, (lambda: running_pods(self.state, self.budgets)) if preempts else None)
         self.metrics.algorithm_latency.observe(result.seconds)
         if result.unschedulable is not None:
             self.metrics.attempts.labels(result="unschedulable").inc()
+            message = result.unschedulable.message
+            if result.preemption is not None:
+                self.preemptor.carry_out(plan, result.preemption)
+                message += (f"; preempting {len(result.preemption.victims)} pod(s) of lower priority "
+                            f"on {result.preemption.node}")
+            elif preempts and not self.state.nomination_live(plan.uid):
+                self.metrics.preemption_attempts.labels(result="no_plan").inc()
             self.queue.park(item, UNSCHEDULABLE_HINTS)
-            self._report_unschedulable(obj, result.unschedulable.message)
+            self._report_unschedulable(obj, message)
             return
         assert result.statement is not None
+        if nominated is not None and nominated.holds and result.statement.placements[0][1].node != nominated.node:
+            self.queue.on_event(ClusterEvent.GPU_FREED)  # placed elsewhere: its holds went back to the pool
         for pod_plan, placement in result.statement.placements:
             self.binder.submit(pod_plan, placement, item, popped)
 
@@ -300,13 +332,23 @@ class SchedulerService:
             try:
                 self.queue.flush()
                 self.state.expire()
+                self._expire_nominations()
                 self._gauges(full=tick % 5 == 0)
             except Exception:
                 log.exception("housekeeping failed")
             tick += 1
 
+    def _expire_nominations(self) -> None:
+        stale = self.state.expire_nominations()
+        for nomination in stale:
+            namespace, _, name = nomination.key.partition("/")
+            self.preemptor.clear(namespace, name)
+        if stale:
+            self.queue.on_event(ClusterEvent.GPU_FREED)
+
     def _gauges(self, full: bool) -> None:
         m = self.metrics
+        m.nominations.set(len(self.state.nominations))
         m.leader.set(1 if self.leader.is_leader else 0)
         m.queue_length.clear()
         for (queue, priority), n in self.queue.lengths().items():

@@ -6,6 +6,7 @@ on a node has one ledger entry keyed by its UID:
     ASSUMED    decided by our cycle; its Binding is being sent
     BOUND      the API server accepted the Binding; the watch has not shown it yet
     CONFIRMED  seen bound on the watch (our pods and everybody else's)
+    NOMINATED  a hold: what an evicted victim held, kept for its preemptor (docs/preemption.md)
 
 An entry is *forgotten* (its resources released) when its bind fails, when the pod is deleted or
 ends, or when a BOUND entry is not confirmed within `confirm_ttl_s`. A UID is never assumed twice.
@@ -21,15 +22,21 @@ plugin's ack, the pod leaving Pending, its deletion, or `gate_timeout_s`; not on
 tells same-shape pods apart by the kubelet's PodResources (`needs_gate`). `gate_busy` tells the
 cycle which nodes are in that pipeline for a set of shapes (holding the gate, or assumed and about
 to take it), so that it can prefer nodes where a bind goes out at once.
+
+Preemption leaves two marks here: victims being evicted (`PodEntry.evicting_for`, never chosen again)
+and nominations (`Nomination`): when a victim goes, its entry becomes a NOMINATED hold under a synthetic
+UID, so that what it freed stays taken until the preemptor is placed (`release_holds`), is deleted or
+bound elsewhere, or the nomination expires.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -45,6 +52,8 @@ from gpupool_sched.scheduler.queue import ClusterEvent
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+CHECKPOINT_GRACE = "gpupool.io/checkpoint-grace-seconds"
+TERMINATING = "(terminating)"  # PodEntry.evicting_for of a pod deleted by someone else
 Shape = tuple[str, int]
 
 
@@ -57,6 +66,7 @@ class Phase(StrEnum):
     ASSUMED = "assumed"
     BOUND = "bound"
     CONFIRMED = "confirmed"
+    NOMINATED = "nominated"
 
 
 @dataclass(slots=True)
@@ -76,6 +86,23 @@ class PodEntry:
     applied: bool = False  # accounted on the snapshot (False while its node is unknown)
     pending: bool = True  # pod phase Pending
     unresolved: Mapping[str, Any] | None = None  # the pod, while its node is unknown (devices told later)
+    labels: Mapping[str, str] = field(default_factory=dict)  # for PodDisruptionBudget selectors
+    started: float = 0.0  # status.startTime (else creation), seconds since the epoch: preemption's age
+    grace_s: int | None = None  # gpupool.io/checkpoint-grace-seconds: the eviction's grace period
+    evicting_for: str | None = None  # UID of the preemptor this pod is being evicted for
+
+
+@dataclass(slots=True)
+class Nomination:
+    """A preemptor waiting on `node` for its victims to go; `holds` keep what the gone ones freed."""
+
+    uid: str
+    key: str
+    node: str
+    priority: int
+    victims: set[str]  # UIDs still terminating
+    deadline: float  # state clock
+    holds: set[str] = field(default_factory=set)  # synthetic UIDs of NOMINATED entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +154,13 @@ class ClusterState:
         self.priority_classes: dict[str, int] = {}
         self._facts: ClusterFacts | None = None
         self.on_gate_release: Callable[[str], None] = lambda node: None
+        self._applied_priorities: Counter[int] = Counter()  # priority -> accounted entries
         self._gate_load: dict[Shape, dict[str, int]] = defaultdict(dict)  # shape -> node -> pods in its gate
         self.gate_timeouts = 0
         self.unknown_devices = 0  # bound pods whose GPUs could not be told (accounted by a guess)
+        self.nominations: dict[str, Nomination] = {}  # preemptor UID -> its nomination
+        self.non_preempting_classes: set[str] = set()  # PriorityClasses with preemptionPolicy: Never
+        self.preemptions: dict[str, int] = {}  # pending pod UID -> preemptions it started (a storm bound)
 
     # ---- facts for planning pods ----------------------------------------------------------------
     @property
@@ -205,7 +236,7 @@ class ClusterState:
         self.snapshot.remove_node(name)
         self._facts = None
         for uid in self.by_node.get(name, ()):
-            self.pods[uid].applied = False  # kept: the pod may still exist, and so may the node again
+            self._unapply(self.pods[uid])  # kept: the pod may still exist, and so may the node again
 
     # ---- pods: the watch -------------------------------------------------------------------------
     def apply_pod(self, obj: Mapping[str, Any], deleted: bool = False) -> PodUpdate:
@@ -226,11 +257,15 @@ class ClusterState:
         if deleted or phase in TERMINAL_PHASES:
             self._tombstones[uid] = _Tombstone(rv, self.clock())
             self._pod_rv.pop(uid, None)
+            ended = self.end_nomination(uid)  # a preemptor gone: its holds go too
+            self.preemptions.pop(uid, None)
             entry = self.pods.get(uid)
+            if entry is not None and self._to_hold(entry):
+                return PodUpdate(gone=True, freed=True)  # its preemptor is woken; others find it taken
             node = entry.node if entry else None
             released = entry is not None and entry.gate_since is not None
             self.forget(uid)
-            return PodUpdate(gone=True, freed=entry is not None, gate_released=node if released else None)
+            return PodUpdate(gone=True, freed=entry is not None or ended, gate_released=node if released else None)
         node = spec.get("nodeName")
         ours = spec.get("schedulerName") == self.scheduler_name
         entry = self.pods.get(uid)
@@ -250,6 +285,7 @@ class ClusterState:
             entry.phase = Phase.CONFIRMED
             entry.resource_version = rv
             entry.pending = pending
+            _describe(entry, obj)
             if acked:
                 # what the kubelet really allocated is the truth; re-account if it differs
                 self._account_from(entry, obj, node, None, ack)
@@ -260,10 +296,13 @@ class ClusterState:
             return PodUpdate(gone=True, gate_released=released)
         if entry is not None:  # bound to another node than we assumed: trust the API server
             self.forget(uid)
+        self.end_nomination(uid)  # bound by someone else while nominated
+        self.preemptions.pop(uid, None)
         view = self.nodes.get(node)
         request, placement = self._holding(obj, node, view, assignment, ack)
         key = f"{(obj.get('metadata') or {}).get('namespace', '')}/{(obj.get('metadata') or {}).get('name', '')}"
         entry = PodEntry(uid, key, node, request, placement, Phase.CONFIRMED, ours, self.clock(), rv, pending=pending)
+        _describe(entry, obj)
         if view is None:
             entry.unresolved = obj
         if assignment is not None and pending and not acked and assignment.pod_uid == uid and self.needs_gate(node):
@@ -337,6 +376,8 @@ class ClusterState:
             raise ValueError(f"pod {plan.key} ({plan.uid}) is already in the ledger")
         if plan.uid in self._tombstones:
             raise ValueError(f"pod {plan.key} ({plan.uid}) is gone")
+        self.end_nomination(plan.uid)  # its holds were released for this decision (`release_holds`)
+        self.preemptions.pop(plan.uid, None)
         entry = PodEntry(plan.uid, plan.key, placement.node, plan.request, placement, Phase.ASSUMED, True, self.clock())
         self.pods[plan.uid] = entry
         self.by_node[placement.node].add(plan.uid)
@@ -410,10 +451,19 @@ class ClusterState:
             entry.since = self.clock()
 
     def forget(self, uid: str) -> PodEntry | None:
+        entry = self._unlink(uid)
+        if entry is not None:
+            self._unapply(entry)
+            nomination = self.nominations.get(entry.evicting_for or "")
+            if nomination is not None:
+                nomination.victims.discard(uid)
+        return entry
+
+    def _unlink(self, uid: str) -> PodEntry | None:
+        """Take the entry out of the ledger, its gate and the gate load; its accounting is the caller's."""
         entry = self.pods.pop(uid, None)
         if entry is None:
             return None
-        self._unapply(entry)
         self._occupy(entry, frozenset())
         uids = self.by_node.get(entry.node)
         if uids is not None:
@@ -424,6 +474,100 @@ class ClusterState:
             entry.gate_since = None
             self.on_gate_release(entry.node)
         return entry
+
+    # ---- preemption: victims, nominations, holds ---------------------------------------------------
+    def running(self) -> Iterator[PodEntry]:
+        """Entries preemption may choose victims from: bound or confirmed, accounted, not being evicted."""
+        for entry in self.pods.values():
+            if entry.phase in (Phase.BOUND, Phase.CONFIRMED) and entry.applied and entry.evicting_for is None:
+                yield entry
+
+    def nominate(self, uid: str, key: str, node: str, priority: int, victims: Iterable[str],
+                 timeout_s: float) -> Nomination:
+        """Mark `victims` as evicted for `uid` (never chosen again) and record where it waits."""
+        self.end_nomination(uid)
+        self.preemptions[uid] = self.preemptions.get(uid, 0) + 1
+        nomination = Nomination(uid, key, node, priority, set(), self.clock() + timeout_s)
+        for victim in victims:
+            entry = self.pods[victim]
+            if entry.evicting_for is not None:
+                raise ValueError(f"pod {entry.key} is already being evicted for {entry.evicting_for}")
+            entry.evicting_for = uid
+            nomination.victims.add(victim)
+        self.nominations[uid] = nomination
+        return nomination
+
+    def nomination_live(self, uid: str) -> bool:
+        """kube-scheduler's PodEligibleToPreemptOthers, inverted: the pod's victims are still terminating."""
+        nomination = self.nominations.get(uid)
+        return nomination is not None and nomination.deadline > self.clock() and bool(nomination.victims)
+
+    def spare(self, uid: str, victims: Iterable[str]) -> None:
+        """`victims` will not be evicted for `uid` after all (an eviction failed): they run on."""
+        nomination = self.nominations.get(uid)
+        for victim in victims:
+            entry = self.pods.get(victim)
+            if entry is not None and entry.evicting_for == uid:
+                entry.evicting_for = None
+            if nomination is not None:
+                nomination.victims.discard(victim)
+
+    def end_nomination(self, uid: str) -> bool:
+        """Drop `uid`'s nomination and release its holds (True when that freed resources). Victims
+        still terminating stay marked: their evictions are out (`spare` un-marks unsent ones)."""
+        nomination = self.nominations.pop(uid, None)
+        if nomination is None:
+            return False
+        freed = False
+        for hold in nomination.holds:
+            entry = self._unlink(hold)
+            if entry is not None:
+                freed |= entry.applied
+                self._unapply(entry)
+        return freed
+
+    def release_holds(self, uid: str) -> list[PodEntry]:
+        """Un-account `uid`'s holds for its own decision; `assume` then drops them, `restore_holds`
+        takes them back when it still fits nowhere."""
+        nomination = self.nominations.get(uid)
+        if nomination is None:
+            return []
+        released = [self.pods[h] for h in sorted(nomination.holds) if h in self.pods]
+        for entry in released:
+            self._unapply(entry)
+        return released
+
+    def restore_holds(self, uid: str) -> None:
+        nomination = self.nominations.get(uid)
+        for hold in sorted(nomination.holds) if nomination else ():
+            entry = self.pods.get(hold)
+            if entry is not None:
+                self._apply(entry)
+
+    def expire_nominations(self) -> list[Nomination]:
+        """Nominations past their deadline, ended (their holds released)."""
+        now = self.clock()
+        stale = [n for n in self.nominations.values() if n.deadline <= now]
+        for nomination in stale:
+            log.info("pod %s: nomination on %s expired", nomination.key, nomination.node)
+            self.end_nomination(nomination.uid)
+        return stale
+
+    def _to_hold(self, entry: PodEntry) -> bool:
+        """A victim went: keep what it held for its preemptor, under a synthetic UID."""
+        nomination = self.nominations.get(entry.evicting_for or "")
+        if nomination is None or entry.phase is Phase.NOMINATED:
+            return False
+        victim = entry.uid
+        self._unlink(victim)
+        nomination.victims.discard(victim)
+        entry.uid = f"hold/{nomination.uid}/{victim}"
+        entry.key = f"hold for {nomination.key} (was {entry.key})"
+        entry.phase, entry.since, entry.ours = Phase.NOMINATED, self.clock(), True
+        self.pods[entry.uid] = entry
+        self.by_node[entry.node].add(entry.uid)
+        nomination.holds.add(entry.uid)
+        return True
 
     def expire(self) -> list[PodEntry]:
         """BOUND entries whose bind the watch never showed (kube-scheduler's assumed-pod expiry)."""
@@ -447,10 +591,17 @@ class ClusterState:
             entry.request, entry.placement = _without_gpus(entry.request), Placement(node=entry.node)
         self.snapshot.assume(entry.request, entry.placement)
         entry.applied = True
+        self._applied_priorities[entry.request.priority] += 1
+
+    def has_lower_priority(self, priority: int) -> bool:
+        """Whether any accounted pod has a priority below `priority` (cheap: no victim search without)."""
+        return any(p < priority and n > 0 for p, n in self._applied_priorities.items())
 
     def _unapply(self, entry: PodEntry) -> None:
-        if entry.applied and entry.node in self.nodes:
-            self.snapshot.release(entry.request, entry.placement)
+        if entry.applied:
+            self._applied_priorities[entry.request.priority] -= 1
+            if entry.node in self.nodes:
+                self.snapshot.release(entry.request, entry.placement)
         entry.applied = False
 
     # ---- views -----------------------------------------------------------------------------------
@@ -467,6 +618,37 @@ class ClusterState:
 
     def is_gone(self, uid: str) -> bool:
         return uid in self._tombstones
+
+
+def _describe(entry: PodEntry, obj: Mapping[str, Any]) -> None:
+    """What preemption needs of a bound pod beyond its resources: labels, start, checkpoint grace."""
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels")
+    entry.labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+    started = _timestamp((obj.get("status") or {}).get("startTime")) or _timestamp(meta.get("creationTimestamp"))
+    entry.started = started or entry.started or time.time()
+    entry.grace_s = checkpoint_grace(meta.get("annotations"))
+    if meta.get("deletionTimestamp") and entry.evicting_for is None:
+        entry.evicting_for = TERMINATING  # on its way out already (e.g. evicted before a restart): no victim
+
+
+def checkpoint_grace(annotations: Any) -> int | None:
+    """`gpupool.io/checkpoint-grace-seconds` when it is a non-negative integer, else None."""
+    if not isinstance(annotations, Mapping):
+        return None
+    text = annotations.get(CHECKPOINT_GRACE)
+    if not isinstance(text, str) or not text.strip().isdigit():
+        return None
+    return int(text.strip())
+
+
+def _timestamp(text: Any) -> float:
+    if not isinstance(text, str) or not text:
+        return 0.0
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _handshake(obj: Mapping[str, Any], uid: str) -> tuple[Assignment | None, Any]:

@@ -59,6 +59,10 @@ def build_registry(service: SchedulerService) -> kopf.OperatorRegistry:
     async def priority_class_event(event: kopf.RawEvent, **_: Any) -> None:
         service.on_priority_class(event.get("type"), event["object"])  # type: ignore[arg-type]
 
+    @kopf.on.event("policy", "v1", "poddisruptionbudgets", registry=registry)
+    async def pdb_event(event: kopf.RawEvent, **_: Any) -> None:
+        service.on_pdb(event.get("type"), event["object"])  # type: ignore[arg-type]
+
     return registry
 
 

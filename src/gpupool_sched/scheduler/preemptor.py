@@ -1,0 +1,238 @@
+"""Carrying out a preemption: the cycle decided (`plan_preemption`, pure) and marked the victims and the
+nomination in the state; this evicts them through the Eviction API (so PodDisruptionBudgets hold), sets
+the preemptor's status.nominatedNodeName and posts the Events that say who preempted whom and why.
+
+Like the binder it runs as asyncio tasks off the cycle. A victim already gone (404) is fine; any other
+failure (429: a PDB forbids it) aborts the preemption: victims not yet evicted are spared, the holds of
+the gone ones are released, the nomination is cleared and the preemptor retried after its backoff.
+Also here: which pods may preempt at all, and the PodDisruptionBudgets as preemption sees them.
+docs/preemption.md tells the whole story.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool_sched.model.request import PodRequest
+from gpupool_sched.placement.preemption import Preemption, RunningPod
+from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
+from gpupool_sched.scheduler.metrics import SchedulerMetrics
+from gpupool_sched.scheduler.podspec import PodPlan
+from gpupool_sched.scheduler.queue import ClusterEvent, SchedulingQueue
+from gpupool_sched.scheduler.recorder import EventRecorder
+from gpupool_sched.scheduler.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRACE_S = 30  # a pod's terminationGracePeriodSeconds when it says nothing
+
+
+def may_preempt(obj: Mapping[str, Any], non_preempting_classes: Iterable[str]) -> bool:
+    """False for `preemptionPolicy: Never` (the Priority admission plugin copies the class's policy into
+    the pod's spec; the class is asked too in case the plugin is off)."""
+    spec = obj.get("spec") or {}
+    policy = spec.get("preemptionPolicy")
+    if policy is not None:
+        return policy != "Never"
+    return spec.get("priorityClassName") not in set(non_preempting_classes)
+
+
+def asks(request: PodRequest) -> str:
+    """What a pod asks for, in an Event's words."""
+    shapes = [s.describe() for s in request.gpu_shapes()]
+    return " + ".join(shapes) if shapes else f"{request.cpu_milli}m CPU, {request.memory_mib} MiB memory"
+
+
+# ---- PodDisruptionBudgets ------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    namespace: str
+    labels: tuple[tuple[str, str], ...]  # matchLabels
+    expressions: tuple[tuple[str, str, frozenset[str]], ...]  # matchExpressions: key, operator, values
+    selects_all: bool  # selector {}: every pod of the namespace (policy/v1)
+    disruptions_allowed: int
+
+    def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        if namespace != self.namespace:
+            return False
+        if self.selects_all:
+            return True
+        if not (self.labels or self.expressions):
+            return False  # a null selector selects nothing
+        if any(labels.get(k) != v for k, v in self.labels):
+            return False
+        for key, op, values in self.expressions:
+            have = key in labels
+            if op == "In" and not (have and labels[key] in values):
+                return False
+            if op == "NotIn" and have and labels[key] in values:
+                return False
+            if op == "Exists" and not have:
+                return False
+            if op == "DoesNotExist" and have:
+                return False
+            if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+                return False
+        return True
+
+
+def parse_budget(obj: Mapping[str, Any]) -> Budget | None:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    namespace = str(meta.get("namespace") or "")
+    selector = spec.get("selector")
+    try:
+        allowed = int(status.get("disruptionsAllowed") or 0)
+        if not isinstance(selector, Mapping):
+            return Budget(namespace, (), (), False, allowed)
+        labels = tuple(sorted((str(k), str(v)) for k, v in (selector.get("matchLabels") or {}).items()))
+        expressions = tuple(
+            (str(e.get("key")), str(e.get("operator")), frozenset(str(v) for v in e.get("values") or ()))
+            for e in selector.get("matchExpressions") or ()
+        )
+    except (AttributeError, TypeError, ValueError):
+        log.warning("PodDisruptionBudget %s/%s is malformed; ignored", namespace, meta.get("name"))
+        return None
+    return Budget(namespace, labels, expressions, not labels and not expressions, allowed)
+
+
+class DisruptionBudgets:
+    """The cluster's PodDisruptionBudgets (policy/v1), from the watch. A pod is blocked when a budget of
+    its namespace selects it and allows no disruption now (its status.disruptionsAllowed is 0, which is
+    what kube-controller-manager's disruption controller computes; a budget without status counts as 0).
+    Only preemption's ranking uses this: the Eviction API enforces the budgets either way."""
+
+    def __init__(self) -> None:
+        self.budgets: dict[tuple[str, str], Budget] = {}
+
+    def apply(self, kind: str | None, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        budget = None if kind == "DELETED" else parse_budget(obj)
+        if budget is None:
+            self.budgets.pop(key, None)
+        else:
+            self.budgets[key] = budget
+
+    def blocked(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        return any(b.disruptions_allowed <= 0 and b.selects(namespace, labels) for b in self.budgets.values())
+
+
+def running_pods(state: ClusterState, budgets: DisruptionBudgets) -> list[RunningPod]:
+    """The ledger's candidates for eviction (bound or confirmed, not already being evicted, no holds)."""
+    out: list[RunningPod] = []
+    for entry in state.running():
+        namespace = entry.key.partition("/")[0]
+        out.append(RunningPod(entry.uid, entry.node, entry.request.priority, entry.request, entry.placement,
+                              entry.started, budgets.blocked(namespace, entry.labels)))
+    return out
+
+
+def nomination_timeout_s(state: ClusterState, victims: Iterable[str], slack_s: float) -> float:
+    """How long the freed room is held: the victims' longest grace period plus `slack_s`."""
+    graces = [e.grace_s if e.grace_s is not None else DEFAULT_GRACE_S
+              for v in victims if (e := state.pods.get(v)) is not None]
+    return max(graces, default=DEFAULT_GRACE_S) + slack_s
+
+
+# ---- carrying it out -----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    uid: str
+    namespace: str
+    name: str
+    priority: int
+    grace_s: int | None
+
+
+class Preemptor:
+    def __init__(self, state: ClusterState, api: KubeApi, queue: SchedulingQueue, metrics: SchedulerMetrics,
+                 recorder: EventRecorder) -> None:
+        self.state = state
+        self.api = api
+        self.queue = queue
+        self.metrics = metrics
+        self.recorder = recorder
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def carry_out(self, plan: PodPlan, preemption: Preemption) -> None:
+        """Start evicting `preemption`'s victims for `plan` (already nominated in the state)."""
+        targets = []
+        for victim in preemption.victims:
+            entry = self.state.pods[victim.uid]
+            namespace, _, name = entry.key.partition("/")
+            targets.append(Target(victim.uid, namespace, name, victim.priority, entry.grace_s))
+        self.metrics.preemption_attempts.labels(result="planned").inc()
+        log.info("pod %s (priority %d) preempts %d pod(s) on %s: %s", plan.key, plan.priority, len(targets),
+                 preemption.node, ", ".join(f"{t.namespace}/{t.name}" for t in targets))
+        task = asyncio.get_running_loop().create_task(self._run(plan, preemption.node, targets))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+    def clear(self, namespace: str, name: str) -> None:
+        """Clear a pod's status.nominatedNodeName (its nomination expired)."""
+        task = asyncio.get_running_loop().create_task(self._clear(namespace, name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _clear(self, namespace: str, name: str) -> None:
+        try:
+            await self.api.set_nominated_node(namespace, name, None)
+        except ApiError as exc:
+            if exc.status != 404:
+                log.warning("pod %s/%s: clearing nominatedNodeName failed: %s", namespace, name, exc)
+
+    async def _run(self, plan: PodPlan, node: str, targets: list[Target]) -> None:
+        try:
+            await self.api.set_nominated_node(plan.namespace, plan.name, node)
+        except ApiError as exc:
+            if exc.status == 404:  # the preemptor is gone: evict nobody
+                self._abort(plan, targets, exc, clear=False)
+                return
+            log.warning("pod %s: setting nominatedNodeName failed (%s); evicting anyway", plan.key, exc)
+        names = ", ".join(f"{t.namespace}/{t.name}" for t in targets)
+        self.recorder.record(plan.namespace, plan.name, plan.uid, "Normal", "Preempting",
+                             f"Preempting {len(targets)} pod(s) of lower priority on node {node}: {names}")
+        what = asks(plan.request)
+        for i, target in enumerate(targets):
+            if plan.uid not in self.state.nominations:  # placed, deleted or expired meanwhile
+                self.state.spare(plan.uid, (t.uid for t in targets[i:]))
+                return
+            try:
+                await self.api.evict(target.namespace, target.name, target.uid, target.grace_s)
+            except ApiError as exc:
+                if exc.status == 404:
+                    continue  # already gone: what it held is free (or held, if the watch saw it go)
+                self._abort(plan, targets[i:], exc, clear=True)
+                return
+            self.metrics.preemption_victims.inc()
+            self.recorder.record(
+                target.namespace, target.name, target.uid, "Warning", "Preempted",
+                f"Preempted by {plan.key} (priority {plan.priority}) on node {node} to make room for {what}"
+                + (f"; checkpoint grace {target.grace_s}s" if target.grace_s is not None else ""))
+
+    def _abort(self, plan: PodPlan, remaining: list[Target], exc: ApiError, *, clear: bool) -> None:
+        blocked = "a PodDisruptionBudget forbids it" if exc.status == 429 else str(exc)
+        log.warning("pod %s: preemption aborted at %s (%s); retrying later",
+                    plan.key, f"{remaining[0].namespace}/{remaining[0].name}" if remaining else "-", blocked)
+        self.metrics.preemption_attempts.labels(result="failed").inc()
+        self.state.spare(plan.uid, (t.uid for t in remaining))
+        if self.state.end_nomination(plan.uid):
+            self.queue.on_event(ClusterEvent.GPU_FREED)
+        if clear:
+            self.recorder.record(plan.namespace, plan.name, plan.uid, "Warning", "PreemptionFailed",
+                                 f"Preemption stopped: evicting {remaining[0].namespace}/{remaining[0].name} "
+                                 f"failed: {blocked}")
+            self.clear(plan.namespace, plan.name)
+            self.queue.retry(plan.uid)

@@ -1,0 +1,302 @@
+"""Preemption in the service, without a cluster: the cycle's plan, victims marked, holds kept for the
+preemptor when its victims go, holds released or expired, and the preemptor's API calls and Events."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gpupool_sched.placement.registry import build_policy
+from gpupool_sched.scheduler.cycle import Cycle, CycleResult
+from gpupool_sched.scheduler.kubeapi import ApiError
+from gpupool_sched.scheduler.metrics import SchedulerMetrics
+from gpupool_sched.scheduler.preemptor import (
+    DisruptionBudgets,
+    Preemptor,
+    may_preempt,
+    nomination_timeout_s,
+    running_pods,
+)
+from gpupool_sched.scheduler.queue import QueuedPod, SchedulingQueue
+from gpupool_sched.scheduler.state import ClusterState, Phase
+from scheduler.test_state import bump, free_gpus, node_obj, pod_obj
+
+
+def prio_pod(name: str, priority: int, *, gpus: int = 1, node: str | None = None, scheduler: str = "other",
+             labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+             policy: str | None = None) -> dict[str, Any]:
+    obj = pod_obj(name, gpus=gpus, node=node, scheduler=scheduler, phase="Running" if node else "Pending",
+                  annotations=annotations)
+    obj["spec"]["priority"] = priority
+    if policy is not None:
+        obj["spec"]["preemptionPolicy"] = policy
+    obj["metadata"]["labels"] = dict(labels or {})
+    return obj
+
+
+class World:
+    """Two 4-GPU nodes full of 1-GPU pods of another scheduler: priority 100 on n1, 200 on n2."""
+
+    def __init__(self) -> None:
+        self.now = [0.0]
+        self.state = ClusterState("gpupool", clock=lambda: self.now[0])
+        self.state.apply_node(node_obj("n1"))
+        self.state.apply_node(node_obj("n2"))
+        self.budgets = DisruptionBudgets()
+        self.pods: dict[str, dict[str, Any]] = {}
+        for node, priority in (("n1", 100), ("n2", 200)):
+            for i in range(4):
+                obj = prio_pod(f"{node}-low-{i}", priority, node=node, labels={"app": node},
+                               annotations={"gpupool.io/checkpoint-grace-seconds": "90"} if i == 0 else None)
+                self.pods[obj["metadata"]["uid"]] = obj
+                self.state.apply_pod(obj)
+        self.cycle = Cycle(self.state, lambda: build_policy("best-fit"), nomination_slack_s=60.0)
+
+    def schedule(self, obj: dict[str, Any], preempt: bool = True) -> CycleResult:
+        plan = self.state.plan(obj)
+        return self.cycle.schedule(plan, (lambda: running_pods(self.state, self.budgets)) if preempt else None)
+
+    def delete(self, uid: str) -> None:
+        self.state.apply_pod(bump(self.pods[uid]), deleted=True)
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+def test_plan_marks_exactly_the_victims_and_nominates(world: World) -> None:
+    big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    result = world.schedule(big)
+    assert result.unschedulable is not None and result.preemption is not None
+    assert result.preemption.node == "n1"  # the lowest-priority victims
+    victims = {v.uid for v in result.preemption.victims}
+    assert {world.pods[u]["metadata"]["name"] for u in victims} == {f"n1-low-{i}" for i in range(4)}
+    assert all(world.state.pods[u].evicting_for == big["metadata"]["uid"] for u in victims)
+    assert not victims & {e.uid for e in world.state.running()}  # never chosen again
+    nomination = world.state.nominations[big["metadata"]["uid"]]
+    assert nomination.node == "n1" and nomination.victims == victims
+    assert nomination.deadline == pytest.approx(90 + 60)  # the longest checkpoint grace + slack
+    assert world.state.nomination_live(big["metadata"]["uid"])
+
+
+def test_holds_keep_the_freed_gpus_for_the_preemptor(world: World) -> None:
+    big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    result = world.schedule(big)
+    assert result.preemption is not None
+    for victim in result.preemption.victims:
+        world.delete(victim.uid)
+    assert free_gpus(world.state, "n1") == [0, 0, 0, 0]  # held, not free
+    holds = [e for e in world.state.pods.values() if e.phase is Phase.NOMINATED]
+    assert len(holds) == 4 and {e.node for e in holds} == {"n1"}
+    # a pod of lower (or equal) priority finds the room taken
+    for priority in (500, 1000):
+        other = prio_pod(f"other-{priority}", priority, gpus=1, scheduler="gpupool")
+        assert world.schedule(other, preempt=False).statement is None
+    # the preemptor itself fits there now, and its holds go with its placement
+    placed = world.schedule(big)
+    assert placed.statement is not None and placed.unschedulable is None
+    placement = placed.statement.placements[0][1]
+    assert placement.node == "n1" and sorted(placement.gpu_indices) == [0, 1, 2, 3]
+    assert free_gpus(world.state, "n1") == [0, 0, 0, 0]
+    assert not [e for e in world.state.pods.values() if e.phase is Phase.NOMINATED]
+    assert big["metadata"]["uid"] not in world.state.nominations
+
+
+def test_preemptor_still_blocked_keeps_its_holds(world: World) -> None:
+    big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    result = world.schedule(big)
+    assert result.preemption is not None
+    first, *rest = result.preemption.victims
+    world.delete(first.uid)
+    again = world.schedule(big)
+    assert again.statement is None and again.preemption is None  # victims still terminating: no new plan
+    assert free_gpus(world.state, "n1") == [0, 0, 0, 0]  # the one hold is accounted again
+    assert world.state.nominations[big["metadata"]["uid"]].victims == {v.uid for v in rest}
+
+
+def test_holds_expire(world: World) -> None:
+    big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    result = world.schedule(big)
+    assert result.preemption is not None
+    for victim in result.preemption.victims:
+        world.delete(victim.uid)
+    world.now[0] = 149.0
+    assert world.state.expire_nominations() == []
+    world.now[0] = 151.0
+    assert [n.key for n in world.state.expire_nominations()] == ["ns/critical"]
+    assert free_gpus(world.state, "n1") == [1000] * 4
+    assert not world.state.nominations and not any(e.phase is Phase.NOMINATED for e in world.state.pods.values())
+
+
+def test_deleted_preemptor_releases_its_holds(world: World) -> None:
+    big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    result = world.schedule(big)
+    assert result.preemption is not None
+    victims = list(result.preemption.victims)
+    world.delete(victims[0].uid)
+    update = world.state.apply_pod(bump(big), deleted=True)
+    assert update.freed
+    assert sorted(free_gpus(world.state, "n1")).count(1000) == 1
+    assert not world.state.nominations
+    world.delete(victims[1].uid)  # a victim going after its preemptor: simply freed
+    assert sorted(free_gpus(world.state, "n1")).count(1000) == 2
+
+
+def test_live_nomination_does_not_preempt_again(world: World) -> None:
+    big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    assert world.schedule(big).preemption is not None
+    again = world.schedule(big)
+    assert again.preemption is None and again.statement is None
+    assert all(e.evicting_for is None for e in world.state.entries("n2"))
+
+
+def test_never_pods_and_higher_priority_only(world: World) -> None:
+    never = prio_pod("polite", 1000, gpus=4, scheduler="gpupool", policy="Never")
+    assert not may_preempt(never, ())
+    assert may_preempt(prio_pod("x", 1000, scheduler="gpupool", policy="PreemptLowerPriority"), ())
+    by_class = prio_pod("y", 1000, scheduler="gpupool")
+    by_class["spec"]["priorityClassName"] = "polite-class"
+    assert not may_preempt(by_class, {"polite-class"})
+    assert world.schedule(never, preempt=may_preempt(never, ())).preemption is None
+    assert not world.state.nominations
+    equal = prio_pod("equal", 100, gpus=1, scheduler="gpupool")  # only strictly lower priorities are victims
+    assert world.schedule(equal).preemption is None
+
+
+def test_pdb_blocked_pods_are_spared_when_possible(world: World) -> None:
+    world.budgets.apply("ADDED", {
+        "metadata": {"namespace": "ns", "name": "keep-n1"},
+        "spec": {"selector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["n1"]}]}},
+        "status": {"disruptionsAllowed": 0},
+    })
+    blocked = {p.uid for p in running_pods(world.state, world.budgets) if p.pdb_blocked}
+    assert blocked == {u for u, o in world.pods.items() if o["spec"]["nodeName"] == "n1"}
+    result = world.schedule(prio_pod("critical", 1000, gpus=4, scheduler="gpupool"))
+    assert result.preemption is not None and result.preemption.node == "n2"  # fewer PDB violations wins
+    world.budgets.apply("DELETED", {"metadata": {"namespace": "ns", "name": "keep-n1"}})
+    assert not any(p.pdb_blocked for p in running_pods(world.state, world.budgets))
+
+
+def test_nomination_timeout_defaults_to_30s_grace(world: World) -> None:
+    plain = [u for u, o in world.pods.items() if not o["metadata"]["annotations"]]
+    assert nomination_timeout_s(world.state, plain[:2], 10.0) == 40.0
+
+
+# ---- the preemptor: API calls, Events, failures ------------------------------------------------
+
+class FakeApi:
+    def __init__(self, fail: dict[str, ApiError] | None = None) -> None:
+        self.fail = fail or {}
+        self.calls: list[tuple[str, ...]] = []
+
+    async def set_nominated_node(self, namespace: str, name: str, node: str | None) -> None:
+        self.calls.append(("nominate", name, str(node)))
+
+    async def evict(self, namespace: str, name: str, uid: str, grace_s: int | None) -> None:
+        self.calls.append(("evict", name, str(grace_s)))
+        if name in self.fail:
+            raise self.fail[name]
+
+
+class FakeRecorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str, str]] = []
+
+    def record(self, namespace: str, name: str, uid: str, kind: str, reason: str, message: str) -> None:
+        self.events.append((name, kind, reason, message))
+
+
+def carry_out(world: World, api: FakeApi) -> tuple[FakeRecorder, SchedulingQueue, dict[str, Any]]:
+    big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    recorder = FakeRecorder()
+
+    async def run() -> SchedulingQueue:
+        queue = SchedulingQueue()
+        queue.add(QueuedPod(uid=big["metadata"]["uid"], key="ns/critical", priority=1000, created=0.0))
+        item = queue.pop()
+        assert item is not None
+        result = world.schedule(big)
+        assert result.preemption is not None
+        queue.park(item, ())
+        preemptor = Preemptor(world.state, api, queue, SchedulerMetrics(), recorder)  # type: ignore[arg-type]
+        preemptor.carry_out(world.state.plan(big), result.preemption)
+        await preemptor.drain()
+        return queue
+
+    return recorder, asyncio.run(run()), big
+
+
+def test_preemptor_evicts_with_checkpoint_grace_and_posts_events(world: World) -> None:
+    api = FakeApi()
+    recorder, queue, big = carry_out(world, api)
+    assert api.calls[0] == ("nominate", "critical", "n1")
+    evictions = {c[1]: c[2] for c in api.calls[1:]}
+    assert evictions == {"n1-low-0": "90", "n1-low-1": "None", "n1-low-2": "None", "n1-low-3": "None"}
+    preempting = [e for e in recorder.events if e[2] == "Preempting"]
+    assert len(preempting) == 1 and preempting[0][0] == "critical" and "n1-low-3" in preempting[0][3]
+    preempted = sorted(e[0] for e in recorder.events if e[2] == "Preempted")
+    assert preempted == [f"n1-low-{i}" for i in range(4)]
+    assert all(e[1] == "Warning" and "Preempted by ns/critical (priority 1000) on node n1" in e[3]
+               for e in recorder.events if e[2] == "Preempted")
+    assert world.state.nomination_live(big["metadata"]["uid"])
+    assert queue.where(big["metadata"]["uid"]) == "unschedulable"  # waits for its victims to go
+
+
+def test_pdb_refusal_aborts_and_spares_the_rest(world: World) -> None:
+    order = [f"n1-low-{i}" for i in range(4)]
+    # the victims are evicted most important first; refuse the second one
+    api = FakeApi()
+    probe_world = World()
+    carry_out(probe_world, api)
+    second = [c[1] for c in api.calls if c[0] == "evict"][1]
+    assert second in order
+    api = FakeApi({second: ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's "
+                                    "disruption budget.")})
+    recorder, queue, big = carry_out(world, api)
+    evicted = [c[1] for c in api.calls if c[0] == "evict"]
+    assert len(evicted) == 2 and evicted[1] == second  # stopped at the refusal
+    assert api.calls[-1] == ("nominate", "critical", "None")  # nomination cleared
+    assert big["metadata"]["uid"] not in world.state.nominations
+    assert [e[0] for e in recorder.events if e[2] == "Preempted"] == [evicted[0]]
+    assert any(e[2] == "PreemptionFailed" for e in recorder.events)
+    spared = {u for u, o in world.pods.items() if o["metadata"]["name"] not in (evicted[0],)
+              and o["spec"]["nodeName"] == "n1"}
+    assert all(world.state.pods[u].evicting_for is None for u in spared)
+    first = next(u for u, o in world.pods.items() if o["metadata"]["name"] == evicted[0])
+    assert world.state.pods[first].evicting_for  # its eviction went out: it stays marked
+    assert queue.where(big["metadata"]["uid"]) in ("backoff", "active")  # retried, not parked
+
+
+def test_victim_already_gone_is_fine(world: World) -> None:
+    api = FakeApi({"n1-low-2": ApiError(404, "NotFound", "gone")})
+    recorder, _, big = carry_out(world, api)
+    assert len([c for c in api.calls if c[0] == "evict"]) == 4
+    assert world.state.nomination_live(big["metadata"]["uid"])
+    assert "n1-low-2" not in [e[0] for e in recorder.events if e[2] == "Preempted"]
+
+
+def test_terminating_pods_are_no_victims(world: World) -> None:
+    uid = next(u for u, o in world.pods.items() if o["metadata"]["name"] == "n1-low-1")
+    leaving = bump(world.pods[uid])
+    leaving["metadata"]["deletionTimestamp"] = "2026-11-30T11:00:00Z"
+    world.state.apply_pod(leaving)
+    assert uid not in {p.uid for p in running_pods(world.state, world.budgets)}
+    world.state.apply_pod(bump(leaving), deleted=True)  # no nomination of ours: simply freed
+    assert sorted(free_gpus(world.state, "n1")).count(1000) == 1
+
+
+def test_a_pod_preempts_at_most_max_preemptions_times(world: World) -> None:
+    big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    uid = big["metadata"]["uid"]
+    for _ in range(3):
+        result = world.schedule(big)
+        assert result.preemption is not None
+        world.state.spare(uid, (v.uid for v in result.preemption.victims))  # e.g. a PDB refused them all
+        world.state.end_nomination(uid)
+    assert world.schedule(big).preemption is None
+    assert world.state.preemptions[uid] == 3
+    world.state.apply_pod(bump(big), deleted=True)
+    assert uid not in world.state.preemptions
