@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from typing import Any
 
 import grpc
 import pytest
 from kubernetes import client
+from waiting import eventually
 
 from deviceplugin.kubelet_standin import ContainerRequest, DeviceManager, KubeletStandin, Pod
 from deviceplugin.pods import assignment
@@ -21,16 +21,6 @@ from gpupool_deviceplugin.resources import split_memory_unit_id
 
 pytestmark = pytest.mark.e2e
 GPU, MEM = "nvidia.com/gpu", "nvidia.com/gpu-memory"
-
-
-def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not met within {timeout}s"
-        time.sleep(0.05)
 
 
 class Cluster:

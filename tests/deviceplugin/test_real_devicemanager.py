@@ -9,14 +9,14 @@ The harness is built by `make cluster-bins`; without it these tests fail with th
 from __future__ import annotations
 
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from kubernetes import client
+from waiting import eventually
 
 from deviceplugin.kubelet_harness import (
     CHECKPOINT_FILE,
@@ -36,16 +36,6 @@ from gpupool_deviceplugin.resources import split_memory_unit_id
 GPU, MEM = "nvidia.com/gpu", "nvidia.com/gpu-memory"
 UNIT_MIB = 1024
 e2e = pytest.mark.e2e
-
-
-def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not met within {timeout}s"
-        time.sleep(0.05)
 
 
 class Node:

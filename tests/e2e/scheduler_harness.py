@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from waiting import eventually
+
 from gpupool_common.handshake import parse_assignment
 from gpupool_common.inventory import parse_inventory
 from gpupool_devcluster.client import ClusterClient
@@ -189,14 +191,7 @@ def list_pods(kube: ClusterClient, namespace: str) -> list[dict[str, Any]]:
 
 
 def wait_until(predicate: Any, timeout_s: float, what: str, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(interval)
+    return eventually(predicate, timeout_s, what, interval)
 
 
 def wait_bound(kube: ClusterClient, namespace: str, count: int, timeout_s: float = 120.0) -> list[dict[str, Any]]:

@@ -385,6 +385,13 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # ---- checks ---------------------------------------------------------------------------------------
+def one_gpu_on(node: str, pod_name: str, scheduler: str, pool: Pool, priority_class: str) -> dict[str, Any]:
+    """A one-GPU pod of `scheduler` pinned to `node` (same-shape pods on one node)."""
+    m = pod(pod_name, scheduler, pool.name, gpus=1, priority_class=priority_class)
+    m["spec"]["nodeSelector"][HOSTNAME] = node
+    return m
+
+
 def _handshake(p: dict[str, Any]) -> tuple[Assignment, AllocationAck]:
     annotations = p["metadata"].get("annotations")
     assignment, ack = parse_assignment(annotations), parse_ack(annotations)
@@ -538,13 +545,10 @@ def test_same_shape_pods_created_a_b_are_bound_b_then_a_behind_the_gate(
     kubelet.hold_running = True
     name = unique("gate")
 
-    def same_shape(pod_name: str, priority: str) -> dict[str, Any]:
-        m = pod(pod_name, name, pool.name, gpus=1, priority_class=priority)
-        m["spec"]["nodeSelector"][HOSTNAME] = node  # both on one node
-        return m
-
-    created_a = read_json(kube.core.create_namespaced_pod(namespace, same_shape("a", low), _preload_content=False))
-    created_b = read_json(kube.core.create_namespaced_pod(namespace, same_shape("b", high), _preload_content=False))
+    created_a = read_json(kube.core.create_namespaced_pod(
+        namespace, one_gpu_on(node, "a", name, pool, low), _preload_content=False))
+    created_b = read_json(kube.core.create_namespaced_pod(
+        namespace, one_gpu_on(node, "b", name, pool, high), _preload_content=False))
     assert _rv(created_a) < _rv(created_b)
     a, b = f"{namespace}/a", f"{namespace}/b"
     proc = start_scheduler(kube, name, log_dir, "--gate-timeout", "60")
@@ -613,13 +617,8 @@ def test_same_shape_pods_are_pending_together_where_the_plugin_knows_pod_identit
     kubelet.hold_admission = True
     name = unique("ident")
 
-    def same_shape(pod_name: str, priority: str) -> dict[str, Any]:
-        m = pod(pod_name, name, pool.name, gpus=1, priority_class=priority)
-        m["spec"]["nodeSelector"][HOSTNAME] = node
-        return m
-
-    discard(kube.core.create_namespaced_pod(namespace, same_shape("a", low), _preload_content=False))
-    discard(kube.core.create_namespaced_pod(namespace, same_shape("b", high), _preload_content=False))
+    discard(kube.core.create_namespaced_pod(namespace, one_gpu_on(node, "a", name, pool, low), _preload_content=False))
+    discard(kube.core.create_namespaced_pod(namespace, one_gpu_on(node, "b", name, pool, high), _preload_content=False))
     a, b = f"{namespace}/a", f"{namespace}/b"
     proc = start_scheduler(kube, name, log_dir, "--gate-timeout", "60")
     try:

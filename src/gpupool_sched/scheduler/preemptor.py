@@ -124,10 +124,13 @@ class DisruptionBudgets:
         return any(b.disruptions_allowed <= 0 and b.selects(namespace, labels) for b in self.budgets.values())
 
 
-def running_pods(state: ClusterState, budgets: DisruptionBudgets) -> list[RunningPod]:
-    """The ledger's candidates for eviction (bound or confirmed, not already being evicted, no holds)."""
+def running_pods(state: ClusterState, budgets: DisruptionBudgets, below: int | None = None) -> list[RunningPod]:
+    """The ledger's candidates for eviction (bound or confirmed, not already being evicted, no holds);
+    with `below`, only those of lower priority (the only ones preemption may pick)."""
     out: list[RunningPod] = []
     for entry in state.running():
+        if below is not None and entry.request.priority >= below:
+            continue
         namespace = entry.key.partition("/")[0]
         out.append(RunningPod(entry.uid, entry.node, entry.request.priority, entry.request, entry.placement,
                               entry.started, budgets.blocked(namespace, entry.labels)))

@@ -292,7 +292,8 @@ class SchedulerService:
         self._observe(plan.uid, plan.request)
         preempts = may_preempt(obj, self.state.non_preempting_classes)
         nominated = self.state.nominations.get(plan.uid)
-        result = self.cycle.schedule(plan, (lambda: running_pods(self.state, self.budgets)) if preempts else None)
+        victims = (lambda: running_pods(self.state, self.budgets, plan.priority)) if preempts else None
+        result = self.cycle.schedule(plan, victims)
         self.metrics.algorithm_latency.observe(result.seconds)
         if result.unschedulable is not None:
             self.metrics.attempts.labels(result="unschedulable").inc()
