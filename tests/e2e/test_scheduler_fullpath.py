@@ -231,15 +231,22 @@ class NodeKubelet:
                     obj = read_json(self.kube.core.read_namespaced_pod(name, ns, _preload_content=False))
                     self._mark_running(life, obj)
 
-    def release_admission(self) -> None:
-        """Admit the held pods now, in the order their binds arrived, and stop holding."""
+    def release_admission(self, reverse: bool = False) -> None:
+        """Admit the held pods now, in the order their binds arrived (or the reverse), and stop holding."""
         with self._cond:
             self.hold_admission = False
             held, self._held = self._held, []
+            if reverse:
+                held.reverse()
             for life, obj in held:
                 self.order.append(life.key)
                 self._admit(life, obj)
             self._cond.notify_all()
+
+    def held_keys(self) -> list[str]:
+        """Pods bound here and not yet admitted, in the order their binds arrived."""
+        with self._cond:
+            return [life.key for life, _ in self._held]
 
     def lives(self) -> list[PodLife]:
         with self._cond:
@@ -626,9 +633,11 @@ def test_same_shape_pods_are_pending_together_where_the_plugin_knows_pod_identit
             return {p.key for p in kubelet.lives()} >= {a, b}
         wait_until(both_bound, 30, "a and b both bound while neither is admitted", interval=0.05)
         assert not any(p.admitted or p.ack_rv for p in kubelet.lives() if p.key in (a, b))
-        kubelet.release_admission()
+        bound_order = [key for key in kubelet.held_keys() if key in (a, b)]
+        # Admit against the bind order: a plugin guessing by arrival would hand each pod the other's GPU.
+        kubelet.release_admission(reverse=True)
         pool.wait_acked({a, b})
-        assert kubelet.order[-2:] == [b, a], f"the kubelet admitted {kubelet.order}"
+        assert kubelet.order[-2:] == bound_order[::-1], f"bound {bound_order}, admitted {kubelet.order}"
         assert proc.metric("gpupool_scheduler_gate_waits_total") == 0
         pods = {p["metadata"]["name"]: p for p in list_pods(kube, namespace)}
         gpus = {}
