@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool_devcluster import components
+from gpupool_devcluster import components, crds
 from gpupool_devcluster.binaries import ClusterBinaries
 from gpupool_devcluster.errors import DevClusterError
-from gpupool_devcluster.kubeconfig import write_kubeconfig
+from gpupool_devcluster.kubeconfig import api_client, write_kubeconfig
 from gpupool_devcluster.layout import DEFAULT_CLUSTER, ClusterLayout, ClusterState
 from gpupool_devcluster.pki import TOKEN_USERS, ClusterPki
 from gpupool_devcluster.process import TrackedProcess, start
@@ -115,9 +115,15 @@ class DevCluster:
 
     # ---------------------------------------------------------------- up
 
-    def up(self, *, optional: Iterable[str] = (), log: Log = _quiet) -> UpResult:
+    @property
+    def audit_log(self) -> Path:
+        """The apiserver's audit log of service-account requests (components.AUDIT_POLICY)."""
+        return components.audit_log_file(self.layout)
+
+    def up(self, *, optional: Iterable[str] = (), log: Log = _quiet, audit: bool = True) -> UpResult:
         """Start the cluster, or reuse it when it is already running (starting any missing `optional`
-        component). Safe to call from several processes at once: they take turns on a file lock."""
+        component). Safe to call from several processes at once: they take turns on a file lock.
+        `audit`: a new cluster's apiserver writes `audit_log` (ignored when reusing a running one)."""
         wanted = tuple(optional)
         unknown = sorted(set(wanted) - set(OPTIONAL_COMPONENTS))
         if unknown:
@@ -130,6 +136,7 @@ class DevCluster:
             if state is not None:
                 bins = ClusterBinaries.locate()
                 started = self._start_optional(bins, state, wanted, log)
+                self._install_crds(log)
                 return UpResult(state, True, time.monotonic() - began, started)
             leftovers = self.processes()
             if leftovers:
@@ -137,14 +144,23 @@ class DevCluster:
                 self._stop_everything(log)
             bins = ClusterBinaries.locate()
             try:
-                state = self._start_core(bins, log)
+                state = self._start_core(bins, log, audit=audit)
                 started = CORE_COMPONENTS + self._start_optional(bins, state, wanted, log)
+                self._install_crds(log)
             except BaseException:
                 self._stop_everything(_quiet)
                 raise
             return UpResult(state, False, time.monotonic() - began, started)
 
-    def _start_core(self, bins: ClusterBinaries, log: Log) -> ClusterState:
+    def _install_crds(self, log: Log) -> None:
+        """deploy/crds/*.yaml, created or updated, Established (crds.py)."""
+        api = api_client(self.kubeconfig, pool_size=1)
+        try:
+            crds.install_crds(api, log=log)
+        finally:
+            api.close()
+
+    def _start_core(self, bins: ClusterBinaries, log: Log, *, audit: bool) -> ClusterState:
         layout = self.layout
         for folder in ("pki", "kubeconfigs", "run", "config", "logs"):
             shutil.rmtree(layout.root / folder, ignore_errors=True)
@@ -187,7 +203,9 @@ class DevCluster:
         components.wait_ready(etcd, f"{state.etcd_url}/health", timeout_s=START_TIMEOUT_S, expect=['"health":"true"'])
 
         log(f"kube-apiserver {bins.kubernetes_version} on {state.server}")
-        apiserver = self._spawn("kube-apiserver", components.apiserver_argv(bins, layout, state))
+        if audit:
+            components.write_audit_policy(layout)
+        apiserver = self._spawn("kube-apiserver", components.apiserver_argv(bins, layout, state, audit=audit))
         components.wait_ready(
             apiserver, f"{state.server}/readyz", timeout_s=START_TIMEOUT_S, ca_file=pki.ca_cert, token=tokens["admin"]
         )
@@ -226,11 +244,12 @@ class DevCluster:
             process = self._spawn(
                 "kube-controller-manager", components.controller_manager_argv(bins, self.layout, state)
             )
-            components.wait_ready(
+            components.wait_ready(  # /healthz lists the controllers once they have started
                 process,
-                f"https://{components.LOOPBACK}:{state.ports['kube-controller-manager']}/healthz",
+                f"https://{components.LOOPBACK}:{state.ports['kube-controller-manager']}/healthz?verbose",
                 timeout_s=START_TIMEOUT_S,
                 insecure=True,
+                expect=components.CONTROLLERS_STARTED,
             )
             started.append("kube-controller-manager")
         if "kube-scheduler" in wanted and "kube-scheduler" not in running:
@@ -268,6 +287,19 @@ class DevCluster:
             process.stop()
             raise
         return process
+
+    def stop_optional(self, name: str) -> bool:
+        """Stop one optional component (by pid file); says whether it was running. The rest keeps
+        running; kwok keeps renewing node Leases."""
+        if name not in OPTIONAL_COMPONENTS:
+            raise DevClusterError(f"{name!r} is not an optional component ({', '.join(OPTIONAL_COMPONENTS)})")
+        with self._locked():
+            process = self.processes().get(name)
+            if process is None:
+                return False
+            was_alive = process.alive()
+            process.stop()
+            return was_alive
 
     # ---------------------------------------------------------------- down
 

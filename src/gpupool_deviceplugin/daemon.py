@@ -105,6 +105,7 @@ class Daemon:
         self.config = options.config
         self.session = session
         self.metrics = PluginMetrics()
+        self.metrics.node_info.labels(node=options.node_name).set(1)
         self.status = _Status()
         self._parts: list = []  # things with stop(), stopped in reverse order
         self.servers: PluginServers | None = None

@@ -57,6 +57,11 @@ class PluginMetrics:
                                              registry=r)
         self.kubelet_restarts = Counter(f"{NS}_kubelet_restarts_total", "kubelet.sock re-creations seen",
                                         registry=r)
+        self.registered = Gauge(f"{NS}_registered", "1 while the resource is registered with the running "
+                                "kubelet (0: not yet, being re-registered, or kubelet.sock is gone)", ["resource"],
+                                registry=r)
+        self.node_info = Gauge(f"{NS}_node_info", "Always 1; names the node this plugin serves (for joins "
+                               "on instance)", ["node"], registry=r)
 
 
 class StatusServer:

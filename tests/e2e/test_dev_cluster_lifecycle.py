@@ -96,11 +96,58 @@ def test_controller_manager_joins_a_running_cluster_and_kwok_renews_node_leases(
             assert account.metadata.name == "default"
             ready = [c for c in kube.core.read_node(node).status.conditions if c.type == "Ready"]
             assert ready[0].status == "True"
+            _controllers_act_with_their_own_rights(kube, node, "kcm-check")
         finally:
             kube.close()
     finally:
         cluster.down(purge=True)
     assert cluster.processes() == {}
+
+
+def _controllers_act_with_their_own_rights(kube: ClusterClient, node: str, namespace: str) -> None:
+    """Each controller runs as its ServiceAccount in kube-system (--use-service-account-credentials) with
+    its bootstrap role: the disruption controller writes PDB status, the ReplicaSet controller recreates an
+    evicted pod, the garbage collector removes what a deleted Deployment owned."""
+    apps = client.AppsV1Api(kube.api_client)
+    policy = client.PolicyV1Api(kube.api_client)
+    accounts = {a.metadata.name for a in kube.core.list_namespaced_service_account("kube-system").items}
+    assert {"disruption-controller", "replicaset-controller", "generic-garbage-collector"} <= accounts
+    apps.create_namespaced_deployment(namespace, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                                       "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}}}})
+    policy.create_namespaced_pod_disruption_budget(namespace, {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}})
+
+    def ready_pods() -> list[client.V1Pod]:
+        return [p for p in kube.core.list_namespaced_pod(namespace, label_selector="app=web").items
+                if p.metadata.deletion_timestamp is None
+                and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or ()))]
+
+    def status() -> tuple[int, int, int, int]:
+        s = policy.read_namespaced_pod_disruption_budget("web", namespace).status
+        return (s.expected_pods, s.current_healthy, s.desired_healthy, s.disruptions_allowed) if s else (0, 0, 0, 0)
+
+    _until(lambda: len(ready_pods()) == 2 and status() == (2, 2, 1, 1), "2 ready pods and the PDB status")
+    first = ready_pods()[0]
+    kube.core.create_namespaced_pod_eviction(first.metadata.name, namespace, client.V1Eviction(
+        metadata=client.V1ObjectMeta(name=first.metadata.name, namespace=namespace)))
+    _until(lambda: len(ready_pods()) == 2 and first.metadata.uid not in {p.metadata.uid for p in ready_pods()},
+           "the ReplicaSet recreating the evicted pod")
+    _until(lambda: status() == (2, 2, 1, 1), "the PDB status after the eviction")
+    apps.delete_namespaced_deployment("web", namespace, propagation_policy="Background")
+    _until(lambda: not apps.list_namespaced_replica_set(namespace).items
+           and not kube.core.list_namespaced_pod(namespace).items, "garbage collection of the ReplicaSet and pods")
+
+
+def _until(check: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s"
+        time.sleep(0.2)
 
 
 T = TypeVar("T")

@@ -180,6 +180,27 @@ def test_pdb_blocked_pods_are_spared_when_possible(world: World) -> None:
     assert not any(p.pdb_blocked for p in running_pods(world.state, world.budgets))
 
 
+def test_only_protected_victims_left_means_waiting_not_evicting(world: World) -> None:
+    def budget(name: str, app: str, allowed: int) -> dict[str, Any]:
+        return {"metadata": {"namespace": "ns", "name": name},
+                "spec": {"selector": {"matchLabels": {"app": app}}}, "status": {"disruptionsAllowed": allowed}}
+
+    assert world.budgets.apply("ADDED", budget("keep-n1", "n1", 0)) is False  # new: stricter, not relaxed
+    assert world.budgets.apply("ADDED", budget("keep-n2", "n2", 0)) is False
+    result = world.schedule(prio_pod("critical", 1000, gpus=4, scheduler="gpupool"))
+    # the best plan would evict 4 protected pods: nobody is marked, nothing nominated, the pod waits
+    assert result.preemption is None and result.statement is None and result.unschedulable is not None
+    assert result.blocked_by_budget is not None and result.blocked_by_budget.pdb_violations == 4
+    assert not world.state.nominations and not world.state.preemptions
+    assert all(e.evicting_for is None for n in ("n1", "n2") for e in world.state.entries(n))
+    # a budget that allows more disruptions, or one that is gone, relaxes; the same status does not
+    assert world.budgets.apply("MODIFIED", budget("keep-n1", "n1", 0)) is False
+    assert world.budgets.apply("MODIFIED", budget("keep-n1", "n1", 4)) is True
+    assert world.budgets.apply("DELETED", budget("keep-n2", "n2", 0)) is True
+    again = world.schedule(prio_pod("critical", 1000, gpus=4, scheduler="gpupool"))
+    assert again.preemption is not None and again.preemption.node == "n1" and again.blocked_by_budget is None
+
+
 def test_nomination_timeout_defaults_to_30s_grace(world: World) -> None:
     plain = [u for u, o in world.pods.items() if not o["metadata"]["annotations"]]
     assert nomination_timeout_s(world.state, plain[:2], 10.0) == 40.0

@@ -277,6 +277,22 @@ def test_delete_in_flight_drops_the_pod_for_good(q, clock):
     assert q.pop() is None and "a" not in q and len(q) == 0
 
 
+@pytest.mark.parametrize("where", ["active", "backoff", "unschedulable"])
+def test_take_puts_a_waiting_pod_in_flight_from_any_set(q, clock, where):
+    """A gang's other members are taken with the popped one, from wherever they wait."""
+    q.add(qp("m"))
+    if where != "active":
+        pod = q.pop()
+        q.backoff(pod) if where == "backoff" else q.park(pod, {GPU_FREED})
+    taken = q.take("m")
+    assert taken is not None and taken.uid == "m" and q.where("m") == "in-flight" and len(q) == 0
+    assert q.take("m") is None and q.take("unknown") is None
+    assert q.pop() is None  # the stale heap entry is skipped
+    assert sum(q.pending_counts().values()) == 0 and q.in_flight == 1
+    q.park(taken, {GPU_FREED})
+    assert q.where("m") == "unschedulable" and q.on_event(GPU_FREED) == 1
+
+
 def test_done_forgets_the_pod(q):
     q.add(qp("a"))
     q.pop()
@@ -460,6 +476,15 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             self.q.done(uid)
             del self.known[uid]
+
+    @rule(uid=st.sampled_from([f"u{k}" for k in range(8)]))
+    def take(self, uid: str) -> None:
+        pod = self.q.take(uid)
+        if pod is None:
+            assert uid not in self.known or uid in self.flying
+        else:
+            assert uid in self.known and uid not in self.flying
+            self.flying[uid] = pod
 
     @rule(uid=st.sampled_from([f"u{k}" for k in range(8)]))
     def delete(self, uid: str) -> None:

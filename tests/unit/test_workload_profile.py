@@ -16,6 +16,7 @@ from gpupool_sched.placement.workload import (
     PRIOR_CLASSES,
     PRIOR_CPU_PER_GPU_MILLI,
     PRIOR_MEM_PER_GPU_MILLI,
+    GpuMemorySizes,
     RollingProfile,
     default_prior,
     forget_profile,
@@ -84,6 +85,23 @@ def test_the_typical_gpu_memory_is_the_most_common_size():
     assert typical_gpu_memory_mib(tie) == 49_152
     migs_only = NodeSpec("m", 1000, 1000, gpus=(GpuSpec(0, "A100", 81_920, mig_enabled=True),))
     assert typical_gpu_memory_mib([migs_only, gpu_node("t", 4, gpu_mem=0)]) == 0
+
+
+def test_gpu_memory_sizes_follow_node_changes_like_a_full_recount():
+    sizes = GpuMemorySizes()
+    nodes = {"a": gpu_node("a", 8, gpu_mem=81_920), "b": gpu_node("b", 2, gpu_mem=40_960), "c": mig_node("c")}
+    steps = [("a", nodes["a"]), ("b", nodes["b"]), ("c", nodes["c"]),
+             ("b", gpu_node("b", 16, gpu_mem=40_960)), ("a", None), ("b", gpu_node("b", 2, gpu_mem=24_576)),
+             ("b", None), ("c", None)]
+    live: dict = {}
+    for name, spec in steps:
+        sizes.update(name, spec)
+        if spec is None:
+            live.pop(name, None)
+        else:
+            live[name] = spec
+        assert sizes.typical() == typical_gpu_memory_mib(live.values()), (name, spec)
+    assert sizes.typical() == 0
 
 
 # ---- RollingProfile ----------------------------------------------------------------------------

@@ -96,5 +96,6 @@ class Supervisor:
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
+            self.servers.publish_registration(kubelet_up=ident is not None)
             self._wake.wait(self.poll_s)
             self._wake.clear()

@@ -72,10 +72,16 @@ class PluginServers:
         self._registered: set[str] = set()
         self._registrar = KubeletRegistrar(kubelet_dir)
         self.kubelet_identity: tuple[int, int] | None = None  # (inode, mtime_ns) of the kubelet.sock we registered with
+        self.publish_registration(kubelet_up=False)
 
     @property
     def socket_paths(self) -> list[Path]:
         return [self.kubelet_dir / r.endpoint for r in self.resources]
+
+    def publish_registration(self, kubelet_up: bool) -> None:
+        """Set gpupool_deviceplugin_registered per resource: registered, and the kubelet's socket is there."""
+        for spec in self.resources:
+            self.metrics.registered.labels(resource=spec.name).set(int(kubelet_up and spec.name in self._registered))
 
     def all_registered(self) -> bool:
         return self._registered == {r.name for r in self.resources}
@@ -101,6 +107,7 @@ class PluginServers:
         self._servers = []
         self._registered = set()
         self._registrar.reset()
+        self.publish_registration(kubelet_up=False)
 
     def restart(self) -> None:
         with self._lock:
@@ -123,6 +130,7 @@ class PluginServers:
                     return False
                 self._registered.add(spec.name)
                 self.metrics.registrations.labels(resource=spec.name, result="ok").inc()
+                self.metrics.registered.labels(resource=spec.name).set(1)
                 log.info("registered %s with the kubelet (endpoint %s)", spec.name, spec.endpoint)
             self.kubelet_identity = identity
             return True

@@ -73,13 +73,44 @@ def memory_share_milli(memory_mib: int, gpu_memory_mib: int) -> int:
     return min(MILLI, max(1, memory_mib * MILLI // gpu_memory_mib))
 
 
+def _memory_sizes(node: NodeSpec) -> Counter[int]:
+    return Counter(g.memory_mib for g in node.gpus if g.memory_mib > 0 and not g.mig_enabled)
+
+
+def _most_common(sizes: Counter[int]) -> int:
+    positive = [(count, size) for size, count in sizes.items() if count > 0]
+    return max(positive)[1] if positive else 0
+
+
 def typical_gpu_memory_mib(nodes: Iterable[NodeSpec]) -> int:
     """The most common memory size of the GPUs that take whole or shared pods (ties: the larger);
     0 when no GPU publishes its memory (trace replays)."""
-    sizes = Counter(g.memory_mib for n in nodes for g in n.gpus if g.memory_mib > 0 and not g.mig_enabled)
-    if not sizes:
-        return 0
-    return max(sizes.items(), key=lambda item: (item[1], item[0]))[0]
+    sizes: Counter[int] = Counter()
+    for node in nodes:
+        sizes.update(_memory_sizes(node))
+    return _most_common(sizes)
+
+
+class GpuMemorySizes:
+    """``typical_gpu_memory_mib`` kept up to date node by node (a live cluster's nodes change one at a
+    time; recounting every GPU on each node event costs O(cluster) per event)."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, Counter[int]] = {}
+        self._sizes: Counter[int] = Counter()
+
+    def update(self, name: str, node: NodeSpec | None) -> None:
+        """``node``'s GPUs replace what ``name`` had (None: the node is gone)."""
+        old = self._by_node.pop(name, None)
+        if old is not None:
+            self._sizes.subtract(old)
+        if node is not None:
+            new = _memory_sizes(node)
+            self._by_node[name] = new
+            self._sizes.update(new)
+
+    def typical(self) -> int:
+        return _most_common(self._sizes)
 
 
 class RollingProfile:

@@ -87,6 +87,11 @@ class Binder:
             task.cancel()
         await self.drain()
 
+    async def bind_one(self, plan: PodPlan, placement: Placement, item: QueuedPod, popped_at: float) -> None:
+        """`submit`, in the caller's task: the extender's bind verb answers with its outcome (`on_bound`).
+        Cancelled, it forgets the assumed pod, as a cancelled bind task does."""
+        await self._bind(plan, placement, item, popped_at)
+
     async def _bind(self, plan: PodPlan, placement: Placement, item: QueuedPod, popped_at: float) -> None:
         node = placement.node
         spec = self.state.node_spec(node)

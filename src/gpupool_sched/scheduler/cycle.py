@@ -6,7 +6,8 @@ as Volcano's Statement does. A committed statement is what the binder carries ou
 such a step: a pod that fits nowhere and may preempt gets a `plan_preemption` answer (pure, like
 `decide`), recorded as a statement with evictions (victims marked, nomination made) that the preemptor
 carries out. A preemptor's holds (what its gone victims freed) are released for its own decision only.
-Gangs will plug in the same way (several placements).
+A gang is one statement with several placements: `place_gang` (pure) answers for all of its members
+at once, and they are assumed together or not at all.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gpupool_sched.model.cluster import ClusterSnapshot
 from gpupool_sched.model.decision import Placement, Unschedulable
 from gpupool_sched.placement.decide import NodeSample, decide
 from gpupool_sched.placement.framework import Policy
+from gpupool_sched.placement.gang import GangUnschedulable, place_gang
 from gpupool_sched.placement.preemption import Preemption, RunningPod, plan_preemption
 from gpupool_sched.placement.sampling import NodeSampler
 from gpupool_sched.scheduler.podspec import PodPlan
@@ -74,6 +76,16 @@ class CycleResult:
     unschedulable: Unschedulable | None
     seconds: float  # time in the placement core
     preemption: Preemption | None = None  # what the statement's evictions are (the pod itself is unschedulable)
+    reclaim: bool = False  # the evictions take back borrowed quota (victims of any priority)
+    # the best plan needs victims a PodDisruptionBudget protects: not carried out, the pod waits
+    blocked_by_budget: Preemption | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GangResult:
+    statement: Statement | None  # committed: every placed member assumed; None: the gang does not fit
+    unschedulable: GangUnschedulable | None
+    seconds: float
 
 
 class Cycle:
@@ -100,10 +112,13 @@ class Cycle:
         self.sampler = None if percentage_of_nodes_to_score is None else NodeSampler(0, percentage_of_nodes_to_score)
         self.rng = np.random.default_rng(seed)
 
-    def schedule(self, plan: PodPlan, running: Callable[[], list[RunningPod]] | None = None) -> CycleResult:
+    def schedule(self, plan: PodPlan, running: Callable[[], list[RunningPod]] | None = None,
+                 reclaim: Callable[[], list[RunningPod]] | None = None) -> CycleResult:
         """Decide for `plan`. With `running` (the pod may preempt: its policy is not Never) a pod that
         fits nowhere may preempt pods of lower priority among `running()`, unless its earlier victims
-        are still terminating (kube-scheduler's PodEligibleToPreemptOthers)."""
+        are still terminating (kube-scheduler's PodEligibleToPreemptOthers). With `reclaim` (its team
+        takes back guaranteed quota that others borrow), it may also evict those pods whatever their
+        priority (Kueue's reclaimWithinCohort: Any), when preemption by priority finds no plan."""
         held = self.state.release_holds(plan.uid)
         try:
             result = self._decide(plan)
@@ -114,21 +129,54 @@ class Cycle:
             return result  # assumed: its holds went with the nomination
         if held:
             self.state.restore_holds(plan.uid)
-        if running is None or self.state.nomination_live(plan.uid) or not self.state.has_lower_priority(plan.priority):
+        if running is None or self.state.nomination_live(plan.uid):
             return result
         if self.state.preemptions.get(plan.uid, 0) >= self.max_preemptions:
             return result
         start = time.perf_counter()
-        preemption = plan_preemption(self.state.snapshot, plan.request, plan.priority, running(), self.policy(),
-                                     self.rng)
+        preemption, reclaiming = None, False
+        if self.state.has_lower_priority(plan.priority):
+            preemption = plan_preemption(self.state.snapshot, plan.request, plan.priority, running(), self.policy(),
+                                         self.rng)
+        if (preemption is None or not preemption.victims) and reclaim is not None:
+            borrowed = reclaim()
+            if borrowed:
+                above_all = max(v.priority for v in borrowed) + 1
+                preemption = plan_preemption(self.state.snapshot, plan.request, above_all, borrowed, self.policy(),
+                                             self.rng)
+                reclaiming = True
         seconds = result.seconds + time.perf_counter() - start
         if preemption is None or not preemption.victims:
             return CycleResult(plan, None, result.unschedulable, seconds)
+        if preemption.pdb_violations:
+            # the plan already has the fewest violations: every node needs a protected victim. The
+            # Eviction API would refuse it (429) after the unprotected victims were gone, so evict nobody
+            return CycleResult(plan, None, result.unschedulable, seconds, blocked_by_budget=preemption)
         victims = [v.uid for v in preemption.victims]
         statement = Statement(self.state)
         statement.evict(plan, preemption, nomination_timeout_s(self.state, victims, self.nomination_slack_s))
         statement.commit()
-        return CycleResult(plan, statement, result.unschedulable, seconds, preemption)
+        return CycleResult(plan, statement, result.unschedulable, seconds, preemption, reclaiming)
+
+    def schedule_gang(self, plans: list[PodPlan], need: int) -> GangResult:
+        """Decide for a gang's pending members together: at least `need` of them placed (and assumed in
+        one statement), or none. Gangs do not preempt and take no preemptor's holds."""
+        snapshot = self.state.snapshot
+        sampler = self.sampler.follow(snapshot) if self.sampler is not None else None
+        start = time.perf_counter()
+        out = place_gang(snapshot, [p.request for p in plans], need, self.policy(), self.rng, sample=sampler)
+        seconds = time.perf_counter() - start
+        if isinstance(out, GangUnschedulable):
+            return GangResult(None, out, seconds)
+        statement = Statement(self.state)
+        try:
+            for i, placement in out.placements:
+                statement.assume(plans[i], placement)
+        except BaseException:
+            statement.discard()
+            raise
+        statement.commit()
+        return GangResult(statement, None, seconds)
 
     def _decide(self, plan: PodPlan) -> CycleResult:
         snapshot = self.state.snapshot

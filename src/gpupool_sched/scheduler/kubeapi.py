@@ -64,6 +64,7 @@ class KubeApi:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
         self.component = component
         self.identity = component
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")
@@ -94,13 +95,16 @@ class KubeApi:
         await self.call(send)
 
     # ---- reads ---------------------------------------------------------------------------------
-    def list_raw_sync(self, path: str, page: int = 500) -> tuple[list[dict[str, Any]], str]:
-        """All objects at `path` (paginated) and the list's resourceVersion."""
+    def list_raw_sync(
+        self, path: str, page: int = 500, params: tuple[tuple[str, str], ...] = ()
+    ) -> tuple[list[dict[str, Any]], str]:
+        """All objects at `path` (paginated) and the list's resourceVersion; `params`: further query
+        parameters, e.g. (("labelSelector", "pool=a"),)."""
         items: list[dict[str, Any]] = []
         cont: str | None = None
         version = ""
         while True:
-            query: list[tuple[str, Any]] = [("limit", page)]
+            query: list[tuple[str, Any]] = [("limit", page), *params]
             if cont:
                 query.append(("continue", cont))
             body = self._get(path, query, timeout_s=60)
@@ -143,15 +147,18 @@ class KubeApi:
         await self.write(self.core.create_namespaced_binding, namespace, body)
 
     async def post_event(
-        self, pod: Mapping[str, str], *, kind: str, reason: str, message: str, action: str = "Scheduling"
+        self, pod: Mapping[str, str], *, kind: str, reason: str, message: str, action: str = "Scheduling",
+        involved: tuple[str, str] = ("v1", "Pod"),
     ) -> None:
-        """A core/v1 Event on the pod, as kube-scheduler writes them."""
+        """A core/v1 Event on the pod (or on the namespaced object of `involved`: apiVersion, kind), as
+        kube-scheduler writes them."""
         now = now_rfc3339()
+        api_version, object_kind = involved
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{pod['name']}.", "namespace": pod["namespace"]},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod["namespace"],
+            "involvedObject": {"apiVersion": api_version, "kind": object_kind, "namespace": pod["namespace"],
                                "name": pod["name"], "uid": pod["uid"]},
             "reason": reason,
             "message": message[:1024],
@@ -189,6 +196,22 @@ class KubeApi:
         """status.nominatedNodeName (None clears it), by a merge patch of the status."""
         await self.write(self.core.patch_namespaced_pod_status, name, namespace,
                          {"status": {"nominatedNodeName": node}}, _content_type="application/merge-patch+json")
+
+    async def patch_custom_status(
+        self, group: str, version: str, plural: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        """Merge-patch the status subresource of a namespaced custom object (e.g. a PodGroup)."""
+        api = client.CustomObjectsApi(self.api_client)
+        await self.write(api.patch_namespaced_custom_object_status, group, version, namespace, plural, name,
+                         {"status": dict(status)}, _content_type="application/merge-patch+json")
+
+    async def patch_cluster_custom_status(
+        self, group: str, version: str, plural: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        """Merge-patch the status subresource of the cluster-scoped custom resource `name` (lists in
+        `status` replace the stored ones whole)."""
+        await self.write(self.custom.patch_cluster_custom_object_status, group, version, plural, name,
+                         {"status": dict(status)}, _content_type="application/merge-patch+json")
 
     # ---- leases (leader election) ---------------------------------------------------------------
     def read_lease_sync(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+from collections import Counter as Tally
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from gpupool_sched.scheduler.state import ClusterState
+
+# ApiError.kind values, and the binder's own reasons
+BIND_FAILURE_REASONS = ("conflict", "not_found", "forbidden", "invalid", "throttled", "server", "unreachable",
+                        "other", "NodeGone", "NotLeader")
+GPU_STATES = ("unhealthy", "mig", "whole", "shared", "free")  # gpupool_scheduler_cluster_gpus{state}
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _ALGO_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
@@ -58,7 +69,8 @@ class SchedulerMetrics:
             registry=r)
         self.preemption_attempts = Counter(
             "gpupool_scheduler_preemption_attempts", "Preemption attempts of unschedulable pods by result "
-            "(planned, no_plan, failed: an eviction was refused)", ["result"], registry=r)
+            "(planned, no_plan, pdb_blocked: only pods a PodDisruptionBudget protects would do, failed: an eviction "
+            "was refused)", ["result"], registry=r)
         self.preemption_victims = Counter(
             "gpupool_scheduler_preemption_victims", "Pods evicted by preemption", registry=r)
         self.nominations = Gauge(
@@ -66,3 +78,44 @@ class SchedulerMetrics:
             registry=r)
         self.profile_version = Gauge(
             "gpupool_scheduler_workload_profile_version", "Rebuilds of the workload profile FGD uses", registry=r)
+        self.gang_wait = Histogram(
+            "gpupool_scheduler_gang_wait_duration_seconds",
+            "From a gang's first scheduling attempt to its minMember placed together",
+            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800), registry=r)
+        self.gangs = Gauge("gpupool_scheduler_pod_groups", "PodGroups by the phase the scheduler wrote",
+                           ["phase"], registry=r)
+        self.pending_oldest_age = Gauge(
+            "gpupool_scheduler_pending_pods_oldest_age_seconds",
+            "Age (since creation) of the oldest pod waiting to be scheduled or bound, by priority", ["priority"],
+            registry=r)
+        # Known label values start at 0 so that rate() and the alerts see the first increase.
+        for result in ("scheduled", "unschedulable", "invalid", "error"):
+            self.attempts.labels(result=result)
+        for reason in BIND_FAILURE_REASONS:
+            self.bind_failures.labels(reason=reason)
+        for result in ("planned", "no_plan", "pdb_blocked", "failed"):
+            self.preemption_attempts.labels(result=result)
+        self.cluster_gpus = Gauge(
+            "gpupool_scheduler_cluster_gpus", "GPUs by state, each counted once: unhealthy (the device plugin "
+            "reports it failed), mig (MIG mode), whole (held by whole-GPU pods), shared (memory-unit tenants), "
+            "free", ["state"], registry=r)
+
+
+def gpu_states(state: ClusterState) -> Tally[str]:
+    """GPUs per `GPU_STATES` entry, each GPU once, in that order of precedence: an unhealthy GPU counts
+    as unhealthy whatever it holds; a GPU with a whole-GPU pod as whole, even during a hand-over."""
+    whole: set[tuple[str, int]] = set()
+    shared: set[tuple[str, int]] = set()
+    for entry in state.entries():
+        if not entry.applied:
+            continue
+        for part in entry.placement.parts():
+            held = whole if part.gpu_milli >= 1000 else shared
+            held.update((entry.node, index) for index in part.gpu_indices)
+    out: Tally[str] = Tally()
+    for name, view in state.nodes.items():
+        for gpu in view.spec.gpus:
+            key = (name, gpu.index)
+            out["unhealthy" if not gpu.healthy else "mig" if gpu.mig_enabled else "whole" if key in whole
+                else "shared" if key in shared else "free"] += 1
+    return out

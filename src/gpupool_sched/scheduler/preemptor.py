@@ -111,14 +111,21 @@ class DisruptionBudgets:
     def __init__(self) -> None:
         self.budgets: dict[tuple[str, str], Budget] = {}
 
-    def apply(self, kind: str | None, obj: Mapping[str, Any]) -> None:
+    def apply(self, kind: str | None, obj: Mapping[str, Any]) -> bool:
+        """Take in a watch event; True when it relaxed the budgets (one was removed or allows more
+        disruptions than before), so pods that waited on them may preempt now."""
         meta = obj.get("metadata") or {}
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         budget = None if kind == "DELETED" else parse_budget(obj)
+        before = self.budgets.get(key)
         if budget is None:
             self.budgets.pop(key, None)
-        else:
-            self.budgets[key] = budget
+            return before is not None
+        self.budgets[key] = budget
+        return before is not None and (budget.disruptions_allowed > before.disruptions_allowed
+                                       or budget.selects_all != before.selects_all
+                                       or budget.labels != before.labels
+                                       or budget.expressions != before.expressions)
 
     def blocked(self, namespace: str, labels: Mapping[str, str]) -> bool:
         return any(b.disruptions_allowed <= 0 and b.selects(namespace, labels) for b in self.budgets.values())
@@ -165,8 +172,9 @@ class Preemptor:
         self.recorder = recorder
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def carry_out(self, plan: PodPlan, preemption: Preemption) -> None:
-        """Start evicting `preemption`'s victims for `plan` (already nominated in the state)."""
+    def carry_out(self, plan: PodPlan, preemption: Preemption, why: str = "of lower priority") -> None:
+        """Start evicting `preemption`'s victims for `plan` (already nominated in the state); `why` the
+        victims go, for the Events (quota reclaim evicts pods whatever their priority)."""
         targets = []
         for victim in preemption.victims:
             entry = self.state.pods[victim.uid]
@@ -175,7 +183,7 @@ class Preemptor:
         self.metrics.preemption_attempts.labels(result="planned").inc()
         log.info("pod %s (priority %d) preempts %d pod(s) on %s: %s", plan.key, plan.priority, len(targets),
                  preemption.node, ", ".join(f"{t.namespace}/{t.name}" for t in targets))
-        task = asyncio.get_running_loop().create_task(self._run(plan, preemption.node, targets))
+        task = asyncio.get_running_loop().create_task(self._run(plan, preemption.node, targets, why))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -196,7 +204,7 @@ class Preemptor:
             if exc.status != 404:
                 log.warning("pod %s/%s: clearing nominatedNodeName failed: %s", namespace, name, exc)
 
-    async def _run(self, plan: PodPlan, node: str, targets: list[Target]) -> None:
+    async def _run(self, plan: PodPlan, node: str, targets: list[Target], why: str = "of lower priority") -> None:
         try:
             await self.api.set_nominated_node(plan.namespace, plan.name, node)
         except ApiError as exc:
@@ -206,7 +214,7 @@ class Preemptor:
             log.warning("pod %s: setting nominatedNodeName failed (%s); evicting anyway", plan.key, exc)
         names = ", ".join(f"{t.namespace}/{t.name}" for t in targets)
         self.recorder.record(plan.namespace, plan.name, plan.uid, "Normal", "Preempting",
-                             f"Preempting {len(targets)} pod(s) of lower priority on node {node}: {names}")
+                             f"Preempting {len(targets)} pod(s) {why} on node {node}: {names}")
         what = asks(plan.request)
         for i, target in enumerate(targets):
             if plan.uid not in self.state.nominations:  # placed, deleted or expired meanwhile
@@ -223,6 +231,7 @@ class Preemptor:
             self.recorder.record(
                 target.namespace, target.name, target.uid, "Warning", "Preempted",
                 f"Preempted by {plan.key} (priority {plan.priority}) on node {node} to make room for {what}"
+                + ("" if why == "of lower priority" else f": pod(s) {why}")
                 + (f"; checkpoint grace {target.grace_s}s" if target.grace_s is not None else ""))
 
     def _abort(self, plan: PodPlan, remaining: list[Target], exc: ApiError, *, clear: bool) -> None:

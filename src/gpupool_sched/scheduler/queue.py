@@ -38,6 +38,8 @@ class ClusterEvent(StrEnum):
     NODE_ADDED = "NodeAdded"  # a node appeared (or was seen for the first time): capacity, models, profiles
     NODE_CHANGED = "NodeChanged"  # a node's allocatable, labels, taints, cordon or GPU inventory changed
     GPU_FREED = "GpuFreed"  # a pod released what it held on a node (ended, deleted, bind failed, forgotten)
+    BUDGET_RELAXED = "BudgetRelaxed"  # a PodDisruptionBudget allows more disruptions now, or is gone
+    QUOTA_CHANGED = "QuotaChanged"  # a GpuQuota or a namespace's labels changed
 
 
 @dataclass(slots=True)
@@ -151,6 +153,18 @@ class SchedulingQueue:
             self._flight[uid] = _Flight(entry.pod)
             return entry.pod
         return None
+
+    def take(self, uid: str) -> QueuedPod | None:
+        """The waiting pod `uid` (from any set), now in flight as if popped: a gang's members are
+        decided with the member that was popped. None when it is not waiting (in flight, or unknown)."""
+        entry = self._entries.get(uid)
+        if entry is None:
+            return None
+        self._leave(entry)
+        del self._entries[uid]
+        entry.pod.attempts += 1
+        self._flight[uid] = _Flight(entry.pod)
+        return entry.pod
 
     async def wait(self, timeout: float) -> None:
         """Until a pod may be poppable (one became active, or the earliest backoff expires) or `timeout`."""
@@ -279,6 +293,16 @@ class SchedulingQueue:
     def lengths(self) -> dict[tuple[str, int], int]:
         """Waiting pods per (set, priority)."""
         return {k: n for k, n in sorted(self._counts.items()) if n}
+
+    def oldest_created_by_priority(self) -> dict[int, float]:
+        """Per priority, the earliest `created` of the pods waiting or in flight (pods with no creation
+        time, `created` <= 0, are left out). O(pods): for the metrics, not the hot path."""
+        oldest: dict[int, float] = {}
+        pods = [e.pod for e in self._entries.values()] + [f.pod for f in self._flight.values()]
+        for pod in pods:
+            if pod.created > 0 and pod.created < oldest.get(pod.priority, float("inf")):
+                oldest[pod.priority] = pod.created
+        return oldest
 
     def pending_counts(self) -> dict[str, int]:
         """Waiting pods per set: active, backoff, unschedulable."""

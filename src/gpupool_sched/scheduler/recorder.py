@@ -28,6 +28,7 @@ class Report:
     reason: str
     message: str
     unschedulable: bool = False  # also set PodScheduled=False, reason Unschedulable
+    involved: tuple[str, str] = ("v1", "Pod")  # apiVersion, kind of the object
 
 
 class EventRecorder:
@@ -70,6 +71,11 @@ class EventRecorder:
         """Any other Event on a pod (preemption's Preempting, Preempted, PreemptionFailed)."""
         self._put(Report(namespace, name, uid, kind, reason, message))
 
+    def record_object(self, involved: tuple[str, str], namespace: str, name: str, uid: str, kind: str, reason: str,
+                      message: str) -> None:
+        """An Event on another namespaced object (`involved`: apiVersion, kind), e.g. a PodGroup."""
+        self._put(Report(namespace, name, uid, kind, reason, message, involved=involved))
+
     def _put(self, report: Report) -> None:
         try:
             self._queue.put_nowait(report)
@@ -90,7 +96,7 @@ class EventRecorder:
     async def _post(self, r: Report) -> None:
         try:
             await self.api.post_event({"namespace": r.namespace, "name": r.name, "uid": r.uid},
-                                      kind=r.kind, reason=r.reason, message=r.message)
+                                      kind=r.kind, reason=r.reason, message=r.message, involved=r.involved)
             self.metrics.events.labels(reason=r.reason, outcome="posted").inc()
         except ApiError as exc:
             self.metrics.events.labels(reason=r.reason, outcome="failed").inc()

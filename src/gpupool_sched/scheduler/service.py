@@ -29,23 +29,27 @@ from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragmentation_milli
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.registry import POLICIES, build_policy
-from gpupool_sched.placement.workload import RollingProfile, forget_profile, typical_gpu_memory_mib
+from gpupool_sched.placement.workload import GpuMemorySizes, RollingProfile, forget_profile
 from gpupool_sched.scheduler.binder import Binder, BindOutcome
 from gpupool_sched.scheduler.cycle import Cycle
+from gpupool_sched.scheduler.gangs import GROUP, PLURAL, PODGROUPS, VERSION, Gangs, group_of
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
-from gpupool_sched.scheduler.metrics import SchedulerMetrics
-from gpupool_sched.scheduler.podspec import InvalidPod, pod_revision
+from gpupool_sched.scheduler.metrics import GPU_STATES, SchedulerMetrics, gpu_states
+from gpupool_sched.scheduler.podspec import InvalidPod, PodPlan, pod_revision
 from gpupool_sched.scheduler.preemptor import DisruptionBudgets, Preemptor, may_preempt, running_pods
 from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, SchedulingQueue
+from gpupool_sched.scheduler.quotas import QuotaBook
 from gpupool_sched.scheduler.recorder import EventRecorder
 from gpupool_sched.scheduler.state import ClusterState, Phase
 
 log = logging.getLogger(__name__)
 
 # what may help a pod that fit nowhere (kube-scheduler's queueing hints)
-UNSCHEDULABLE_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED, ClusterEvent.GPU_FREED)
+UNSCHEDULABLE_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED, ClusterEvent.GPU_FREED,
+                       ClusterEvent.BUDGET_RELAXED)
 NOT_YET_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED)  # unknown model / profile, too big a share
+OVER_QUOTA_HINTS = (ClusterEvent.GPU_FREED, ClusterEvent.QUOTA_CHANGED)  # its team's usage drops, quotas change
 PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
 PDBS = "/apis/policy/v1/poddisruptionbudgets"
 CYCLE_SLICE_S = 0.005
@@ -98,6 +102,7 @@ class SchedulerService:
         )
         self.queue = SchedulingQueue()
         self.profile = RollingProfile(window=config.profile_window)
+        self._memory_sizes = GpuMemorySizes()
         self._policy: Policy | None = None
         self._policy_version = -1
         self._profile_in_use: WorkloadProfile | None = None
@@ -118,6 +123,10 @@ class SchedulerService:
         self.budgets = DisruptionBudgets()
         self.preemptor = Preemptor(self.state, api, self.queue, self.metrics, self.recorder)
         self._pending: dict[str, dict[str, Any]] = {}  # uid -> latest object of our pending pods
+        self.gangs = Gangs()
+        self.quotas = QuotaBook(self.state, self.metrics.registry)
+        self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
+        self._ended: dict[str, str] = {}  # UID -> Succeeded/Failed, for gang members (PodGroup status)
         self._observed: set[str] = set()  # UIDs whose request entered the workload profile
         self.decisions = 0
 
@@ -176,6 +185,19 @@ class SchedulerService:
             budgets = []
         for obj in budgets:
             self.on_pdb("ADDED", obj)
+        try:
+            groups, _ = await self.api.list_raw(PODGROUPS)
+            self.gangs.available = True
+        except ApiError as exc:  # no PodGroup CRD: pods naming a group are told so
+            if exc.status != 404:
+                raise
+            log.warning("PodGroups (%s) are not served: gang scheduling is off until the CRD is installed",
+                        PODGROUPS)
+            self.gangs.available = False
+            groups = []
+        for obj in groups:
+            self.on_pod_group("ADDED", obj)
+        await self.quotas.resync(self.api)
         nodes, _ = await self.api.list_raw("/api/v1/nodes")
         for obj in nodes:
             self.on_node("ADDED", obj)
@@ -209,7 +231,19 @@ class SchedulerService:
                 log.warning("PriorityClass %s has a non-integer value", name)
 
     def on_pdb(self, kind: str | None, obj: dict[str, Any]) -> None:
-        self.budgets.apply(kind, obj)
+        if self.budgets.apply(kind, obj):
+            self.queue.on_event(ClusterEvent.BUDGET_RELAXED)
+
+    def on_pod_group(self, kind: str | None, obj: dict[str, Any]) -> None:
+        self.gangs.available = True
+        key = self.gangs.apply_group(kind, obj)
+        if key is not None:
+            self._wake_gang(key)
+
+    def _wake_gang(self, key: str) -> None:
+        """A gang's members waiting for each other or for their PodGroup try again (after their backoff)."""
+        for uid in self.gangs.members.get(key, ()):
+            self.queue.retry(uid)
 
     def on_node(self, kind: str | None, obj: dict[str, Any]) -> None:
         name = (obj.get("metadata") or {}).get("name")
@@ -218,18 +252,22 @@ class SchedulerService:
         if kind == "DELETED":
             self.state.delete_node(name)
             self.metrics.nodes.set(len(self.state.nodes))
+            self._memory_sizes.update(name, None)
+            self.profile.typical_gpu_memory_mib = self._memory_sizes.typical()
             return
         event = self.state.apply_node(obj)
         if event is not None:
             self.metrics.nodes.set(len(self.state.nodes))
             self.queue.on_event(event)
             # memory shares enter FGD's task classes as milli-GPU of the cluster's typical GPU
-            self.profile.typical_gpu_memory_mib = typical_gpu_memory_mib(v.spec for v in self.state.nodes.values())
+            self._memory_sizes.update(name, self.state.node_spec(name))
+            self.profile.typical_gpu_memory_mib = self._memory_sizes.typical()
 
     def on_pod(self, kind: str | None, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         update = self.state.apply_pod(obj, deleted=kind == "DELETED")
+        self._track_gang(uid, obj, kind == "DELETED")
         if update.gone:
             self._pending.pop(uid, None)
             self.queue.delete(uid)
@@ -249,6 +287,21 @@ class SchedulerService:
             item = QueuedPod(uid=uid, key=f"{meta.get('namespace')}/{meta.get('name')}", priority=priority,
                              created=_created(obj), payload=None, revision=pod_revision(obj))
             self.queue.add(item)
+
+    def _track_gang(self, uid: str, obj: dict[str, Any], deleted: bool) -> None:
+        if deleted:
+            self.gangs.untrack(uid)
+            self._ended.pop(uid, None)
+            return
+        key, _ = group_of(obj)
+        if key is None and self.gangs.member_of(uid) is None:
+            return
+        phase = (obj.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            self._ended[uid] = phase
+        joined = self.gangs.track(uid, key)
+        if joined is not None:
+            self._wake_gang(joined)
 
     # ---- the cycle -----------------------------------------------------------------------------
     async def _cycle_loop(self) -> None:
@@ -282,6 +335,12 @@ class SchedulerService:
             return
         popped = time.monotonic()
         log.debug("scheduling %s", item.key)
+        group, problem = group_of(obj)
+        if problem is not None:
+            self.metrics.attempts.labels(result="invalid").inc()
+            self.queue.park(item, ())
+            self._report_unschedulable(obj, problem)
+            return
         try:
             plan = self.state.plan(obj)
         except InvalidPod as exc:
@@ -289,19 +348,33 @@ class SchedulerService:
             self.queue.park(item, () if exc.permanent else NOT_YET_HINTS)
             self._report_unschedulable(obj, str(exc))
             return
+        if group is not None and self._schedule_gang(item, plan, group, popped):
+            return
         self._observe(plan.uid, plan.request)
+        verdict = self.quotas.check(plan)
+        if not verdict.ok:
+            self.metrics.attempts.labels(result="unschedulable").inc()
+            self.queue.park(item, OVER_QUOTA_HINTS)
+            self._report_unschedulable(obj, verdict.message)
+            return
         preempts = may_preempt(obj, self.state.non_preempting_classes)
         nominated = self.state.nominations.get(plan.uid)
         victims = (lambda: running_pods(self.state, self.budgets, plan.priority)) if preempts else None
-        result = self.cycle.schedule(plan, victims)
+        reclaim = (lambda: self.quotas.reclaim(plan, running_pods(self.state, self.budgets))) if preempts else None
+        result = self.cycle.schedule(plan, victims, reclaim)
         self.metrics.algorithm_latency.observe(result.seconds)
         if result.unschedulable is not None:
             self.metrics.attempts.labels(result="unschedulable").inc()
             message = result.unschedulable.message
             if result.preemption is not None:
-                self.preemptor.carry_out(plan, result.preemption)
-                message += (f"; preempting {len(result.preemption.victims)} pod(s) of lower priority "
-                            f"on {result.preemption.node}")
+                why = (f"borrowing beyond their GpuQuota's guarantee (reclaimed for {verdict.quota})"
+                       if result.reclaim else "of lower priority")
+                self.preemptor.carry_out(plan, result.preemption, why)
+                message += f"; preempting {len(result.preemption.victims)} pod(s) {why} on {result.preemption.node}"
+            elif (blocked := result.blocked_by_budget) is not None:
+                self.metrics.preemption_attempts.labels(result="pdb_blocked").inc()
+                message += (f"; preemption would need {blocked.pdb_violations} pod(s) a PodDisruptionBudget "
+                            f"protects on {blocked.node}: waiting")
             elif preempts and not self.state.nomination_live(plan.uid):
                 self.metrics.preemption_attempts.labels(result="no_plan").inc()
             self.queue.park(item, UNSCHEDULABLE_HINTS)
@@ -312,6 +385,86 @@ class SchedulerService:
             self.queue.on_event(ClusterEvent.GPU_FREED)  # placed elsewhere: its holds went back to the pool
         for pod_plan, placement in result.statement.placements:
             self.binder.submit(pod_plan, placement, item, popped)
+
+    def _schedule_gang(self, item: QueuedPod, plan: PodPlan, key: str, popped: float) -> bool:
+        """Decide for the gang `key` that the popped pod belongs to. False: the gang's minimum is already
+        placed, so the pod is scheduled on its own like any other."""
+        gangs = self.gangs
+        group = gangs.groups.get(key)
+        if group is None or group.problem is not None:
+            if group is not None:
+                why = group.problem or ""
+            elif not gangs.available:
+                why = f"PodGroup {key} cannot exist: the PodGroup CRD ({GROUP}) is not installed"
+            else:
+                why = f"PodGroup {key} not found; the pod waits for it"
+            self.metrics.attempts.labels(result="unschedulable").inc()
+            self.queue.park(item, ())
+            self._report_unschedulable(self._pending[plan.uid], why)
+            return True
+        placed = gangs.placed(key, self.state)
+        need = group.min_member - len(placed)
+        if need <= 0:
+            return False
+        gangs.started(key)
+        members = sorted(u for u in gangs.members.get(key, ()) if u in self._pending and u not in self.state.pods)
+        plans, items = [plan], [item]
+        for uid in members:
+            if uid == plan.uid:
+                continue
+            try:
+                other = self.state.plan(self._pending[uid])
+            except InvalidPod:
+                continue  # it gets its own Event when it is popped
+            taken = self.queue.take(uid)
+            if taken is not None:
+                plans.append(other)
+                items.append(taken)
+        self._observe(plan.uid, plan.request)
+        verdict = self.quotas.check_gang(plans[:need]) if len(plans) >= need else None
+        if verdict is not None and not verdict.ok:
+            for member, member_item in zip(plans, items, strict=True):
+                self.metrics.attempts.labels(result="unschedulable").inc()
+                self.queue.park(member_item, OVER_QUOTA_HINTS)
+                if (member_obj := self._pending.get(member.uid)) is not None:
+                    self._report_unschedulable(member_obj, f"PodGroup {key}: {verdict.message}")
+            return True
+        if len(plans) < need:
+            message = (f"PodGroup {key}: waiting for members: {len(placed)} placed and {len(plans)} pending "
+                       f"of the {group.min_member} (minMember) that must start together")
+            self._gang_unschedulable(key, plans, items, message)
+            return True
+        result = self.cycle.schedule_gang(plans, need)
+        self.metrics.algorithm_latency.observe(result.seconds)
+        if result.statement is None:
+            assert result.unschedulable is not None
+            self._gang_unschedulable(key, plans, items, f"PodGroup {key}: {result.unschedulable.message}")
+            return True
+        by_uid = dict(zip((p.uid for p in plans), items, strict=True))
+        bound = set()
+        for member, placement in result.statement.placements:
+            self.binder.submit(member, placement, by_uid[member.uid], popped)
+            bound.add(member.uid)
+        for other_plan, other_item in zip(plans, items, strict=True):
+            if other_plan.uid not in bound:  # beyond the minimum and no room now: on its own later
+                self.queue.park(other_item, UNSCHEDULABLE_HINTS)
+        if group.first_try is not None:
+            self.metrics.gang_wait.observe(time.monotonic() - group.first_try)
+        gangs.scheduled(key)
+        log.info("PodGroup %s: %d member(s) placed together on %s", key, len(bound),
+                 ", ".join(sorted({p.node for _, p in result.statement.placements})))
+        return True
+
+    def _gang_unschedulable(self, key: str, plans: list[PodPlan], items: list[QueuedPod], message: str) -> None:
+        for member, member_item in zip(plans, items, strict=True):
+            self.metrics.attempts.labels(result="unschedulable").inc()
+            self.queue.park(member_item, UNSCHEDULABLE_HINTS)
+            obj = self._pending.get(member.uid)
+            if obj is not None:
+                self._report_unschedulable(obj, message)
+        group = self.gangs.groups.get(key)
+        if group is not None:
+            group.last_message = message
 
     def _bound(self, outcome: BindOutcome, item: QueuedPod) -> None:
         if outcome.ok:
@@ -334,10 +487,54 @@ class SchedulerService:
                 self.queue.flush()
                 self.state.expire()
                 self._expire_nominations()
+                self._write_gang_status()
+                if self.leader.is_leader:
+                    self._spawn(self._publish_quotas())
                 self._gauges(full=tick % 5 == 0)
             except Exception:
                 log.exception("housekeeping failed")
             tick += 1
+
+    def _write_gang_status(self) -> None:
+        """PodGroup status (phase, scheduled, running, ...) where it changed; only the leader writes."""
+        if not self.leader.is_leader:
+            return
+        phases: Counter[str] = Counter()
+        for group in list(self.gangs.groups.values()):
+            if self.gangs.overdue(group.key) is not None:
+                self.recorder.record_object(
+                    (f"{GROUP}/{VERSION}", "PodGroup"), group.namespace, group.name, group.uid, "Warning",
+                    "ScheduleTimeout", f"not placed within scheduleTimeoutSeconds ({group.timeout_s:.0f} s): "
+                    f"{group.last_message}")
+            status = self.gangs.status(group, self.state, self._ended)
+            phases[status["phase"]] += 1
+            if status == group.written:
+                continue
+            group.written = status
+            self._spawn(self._patch_gang_status(group.namespace, group.name, status))
+        self.metrics.gangs.clear()
+        for phase, n in phases.items():
+            self.metrics.gangs.labels(phase=phase).set(n)
+
+    async def _patch_gang_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        try:
+            await self.api.patch_custom_status(GROUP, VERSION, PLURAL, namespace, name, status)
+        except ApiError as exc:
+            log.warning("PodGroup %s/%s: writing its status failed: %s", namespace, name, exc)
+            group = self.gangs.groups.get(f"{namespace}/{name}")
+            if group is not None:
+                group.written = {}  # written again at the next housekeeping
+
+    async def _publish_quotas(self) -> None:
+        try:
+            await self.quotas.publish(self.api)
+        except ApiError as exc:
+            log.warning("writing GpuQuota status failed: %s", exc)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
 
     def _expire_nominations(self) -> None:
         stale = self.state.expire_nominations()
@@ -360,6 +557,10 @@ class SchedulerService:
         m.gate_timeouts.set(self.state.gate_timeouts)
         if not full:
             return
+        m.pending_oldest_age.clear()
+        wall = time.time()
+        for priority, created in self.queue.oldest_created_by_priority().items():
+            m.pending_oldest_age.labels(priority=str(priority)).set(max(0.0, wall - created))
         gpus: Counter[str] = Counter()
         units: Counter[str] = Counter()
         unit = self.config.memory_unit_mib
@@ -373,6 +574,9 @@ class SchedulerService:
         health = Counter("healthy" if g.healthy else "unhealthy" for v in views for g in v.spec.gpus)
         for state in ("healthy", "unhealthy"):
             m.gpus.labels(health=state).set(health.get(state, 0))
+        by_state = gpu_states(self.state)
+        for state in GPU_STATES:
+            m.cluster_gpus.labels(state=state).set(by_state.get(state, 0))
         m.gpus_bound.clear()
         m.memory_units_bound.clear()
         for node in self.state.nodes:

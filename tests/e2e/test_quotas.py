@@ -1,0 +1,179 @@
+"""Team quotas with borrowing on the local control plane (issue 10, scenario 4c and the GpuQuota part of
+4e): team A borrows team B's idle GPUs; B submits work; exactly enough of A's borrowed pods are preempted
+for B's to run; A's pod beyond what it may borrow waits with an Event naming the quota. An invalid
+GpuQuota gets Valid=False and changes nothing else."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from scheduler_harness import (
+    SchedulerProcess,
+    add_pool_nodes,
+    events_for,
+    list_pods,
+    pod,
+    start_scheduler,
+    unique,
+    wait_bound,
+    wait_until,
+)
+
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.crds import install_crds
+from gpupool_devcluster.fake_pods import create_pods
+
+GROUP, VERSION, PLURAL = "gpupool.io", "v1alpha1", "gpuquotas"
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("quota-logs")
+
+
+@pytest.fixture(scope="module")
+def pool(kube: ClusterClient) -> Iterator[tuple[str, list[str]]]:
+    install_crds(kube.api_client)
+    name = unique("quota")
+    nodes = add_pool_nodes(kube, name, "dgx-h100", 2)  # 16 GPUs
+    yield name, nodes
+    kube.delete_nodes(nodes)
+
+
+def make_namespace(kube: ClusterClient, labels: dict[str, str]) -> str:
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels)))
+    return name
+
+
+def drop_namespace(kube: ClusterClient, name: str) -> None:
+    """As tests/conftest.py's `namespace` fixture: pods deleted, the finalizer released."""
+    kube.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    kube.core.delete_namespace(name)
+    try:
+        kube.core.replace_namespace_finalize(name, client.V1Namespace(
+            metadata=client.V1ObjectMeta(name=name), spec=client.V1NamespaceSpec(finalizers=[])))
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+@pytest.fixture
+def teams(kube: ClusterClient) -> Iterator[tuple[str, str, str]]:
+    tag = uuid.uuid4().hex[:6]
+    a = make_namespace(kube, {"team": f"a-{tag}"})
+    b = make_namespace(kube, {"team": f"b-{tag}"})
+    yield tag, a, b
+    drop_namespace(kube, a)
+    drop_namespace(kube, b)
+
+
+def quota(kube: ClusterClient, name: str, spec: dict[str, Any]) -> None:
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuQuota", "metadata": {"name": name}, "spec": spec}
+    client.CustomObjectsApi(kube.api_client).create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+
+
+def quota_status(kube: ClusterClient, name: str) -> dict[str, Any]:
+    obj = client.CustomObjectsApi(kube.api_client).get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+    return dict(obj.get("status") or {})
+
+
+def delete_quota(kube: ClusterClient, name: str) -> None:
+    try:
+        client.CustomObjectsApi(kube.api_client).delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def test_borrowed_gpus_are_reclaimed_when_their_owner_needs_them(
+    kube: ClusterClient, log_dir: Path, pool: tuple[str, list[str]], teams: tuple[str, str, str],
+) -> None:
+    name, _ = pool
+    tag, ns_a, ns_b = teams
+    qa, qb = f"team-a-{tag}", f"team-b-{tag}"
+    quota(kube, qa, {"namespaceSelector": {"matchLabels": {"team": f"a-{tag}"}}, "guaranteed": {"gpus": 8},
+                     "borrowingLimit": {"gpus": 8}})
+    quota(kube, qb, {"namespaceSelector": {"matchLabels": {"team": f"b-{tag}"}}, "guaranteed": {"gpus": 8}})
+    proc: SchedulerProcess | None = None
+    try:
+        proc = start_scheduler(kube, unique("gpupool"), log_dir)
+        sched = proc.name
+        # A fills the pool: 8 guaranteed + 8 borrowed from B's idle guarantee
+        create_pods(kube.core, ns_a, [pod(f"a-{i}", sched, name, gpus=1) for i in range(16)], concurrency=4)
+        wait_bound(kube, ns_a, 16, timeout_s=90)
+
+        def a_status() -> dict[str, Any] | None:
+            status = quota_status(kube, qa)
+            return status if status.get("used", {}).get("gpus") == 16 else None
+
+        status = wait_until(a_status, 20, "team A's GpuQuota status: 16 GPUs used")
+        assert status["borrowed"]["gpus"] == 8
+        # beyond its borrowing room: A's 17th pod waits, told which quota and by how much
+        kube.core.create_namespaced_pod(ns_a, pod("a-extra", sched, name, gpus=1))
+
+        def over_quota_event() -> list[dict[str, Any]]:
+            return [e for e in events_for(kube, ns_a, "a-extra", "FailedScheduling") if qa in e["message"]]
+
+        (event,) = wait_until(over_quota_event, 30, "a-extra: FailedScheduling naming team A's quota")[:1]
+        assert "over" in event["message"], event["message"]
+        before_a = {p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")}
+
+        # B wants 4 of its guaranteed 8 back; the pool is full of A's pods
+        create_pods(kube.core, ns_b, [pod(f"b-{i}", sched, name, gpus=1) for i in range(4)], concurrency=4)
+        wait_bound(kube, ns_b, 4, timeout_s=90)
+        after_a = {p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")}
+        evicted = sorted(before_a - after_a)
+        assert len(evicted) == 4, f"A lost {evicted}: exactly 4 borrowed pods must go"
+        for victim in evicted:
+            preempted = events_for(kube, ns_a, victim, "Preempted")
+            assert preempted and "GpuQuota" in preempted[0]["message"], preempted
+        # A keeps its guarantee (8) plus what B still lends (4); its extra pod still may not borrow more
+        assert len(after_a) == 12 and "a-extra" not in after_a
+
+        def settled() -> tuple[dict[str, Any], dict[str, Any]] | None:
+            sa, sb = quota_status(kube, qa), quota_status(kube, qb)
+            ok = sa.get("used", {}).get("gpus") == 12 and sb.get("used", {}).get("gpus") == 4
+            return (sa, sb) if ok else None
+
+        sa, sb = wait_until(settled, 20, "quota status after the reclaim")
+        assert sa["borrowed"]["gpus"] == 4 and sb["borrowed"]["gpus"] == 0
+        assert proc.metric("gpupool_scheduler_quota_used", quota=qa, resource="gpus") == 12
+        assert proc.metric("gpupool_scheduler_quota_borrowed", quota=qa, resource="gpus") == 4
+    finally:
+        if proc is not None:
+            proc.stop()
+        delete_quota(kube, qa)
+        delete_quota(kube, qb)
+
+
+def test_an_invalid_quota_is_marked_and_changes_nothing(
+    kube: ClusterClient, log_dir: Path, pool: tuple[str, list[str]], teams: tuple[str, str, str],
+) -> None:
+    name, _ = pool
+    tag, ns_a, _ = teams
+    bad = f"bad-{tag}"
+    # `In` without values: the API server's schema lets it through, the selector is meaningless
+    quota(kube, bad, {"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "In"}]},
+                      "guaranteed": {"gpus": 0}})
+    proc = start_scheduler(kube, unique("gpupool"), log_dir)
+    try:
+        def marked() -> dict[str, Any] | None:
+            conditions = {c["type"]: c for c in quota_status(kube, bad).get("conditions", [])}
+            valid = conditions.get("Valid")
+            return valid if valid and valid["status"] == "False" else None
+
+        valid = wait_until(marked, 20, "the invalid GpuQuota marked Valid=False")
+        assert "operator In needs at least one value" in valid["message"], valid["message"]
+        # it governs nothing: team A's pods are not limited by its 0 GPUs
+        create_pods(kube.core, ns_a, [pod(f"p-{i}", proc.name, name, gpus=1) for i in range(3)], concurrency=3)
+        wait_bound(kube, ns_a, 3, timeout_s=60)
+    finally:
+        proc.stop()
+        delete_quota(kube, bad)

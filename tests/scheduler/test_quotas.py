@@ -1,0 +1,344 @@
+"""GpuQuotas in the scheduler (scheduler/quotas.py): validation, namespaces, usage from the ledger, the
+cycle's questions, gauges, and the status written to the real API server (deploy/crds installed)."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, start_wsgi_server
+from prometheus_client.parser import text_string_to_metric_families
+from waiting import eventually
+
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.model.request import PodRequest
+from gpupool_sched.placement.preemption import RunningPod
+from gpupool_sched.placement.quota import Amount
+from gpupool_sched.scheduler.kubeapi import KubeApi
+from gpupool_sched.scheduler.podspec import PodPlan
+from gpupool_sched.scheduler.quotas import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    InvalidQuota,
+    LabelSelector,
+    QuotaBook,
+    parse_quota,
+)
+from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
+from gpupool_sched.scheduler.state import ClusterState
+from gpupool_sched.scheduler.watch import build_registry
+
+if TYPE_CHECKING:
+    from gpupool_devcluster.client import ClusterClient
+
+GB = 1024
+
+
+def quota_obj(name: str, spec: dict[str, Any], *, generation: int = 1, uid: str = "u1",
+              status: dict[str, Any] | None = None) -> dict[str, Any]:
+    obj: dict[str, Any] = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuQuota",
+                           "metadata": {"name": name, "uid": uid, "generation": generation}, "spec": spec}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def team_spec(team: str, gpus: int, units: int = 0, borrow: int = 0, borrow_units: int = 0) -> dict[str, Any]:
+    return {"namespaceSelector": {"matchLabels": {"team": team}}, "guaranteed": {"gpus": gpus, "memoryUnits": units},
+            "borrowingLimit": {"gpus": borrow, "memoryUnits": borrow_units}}
+
+
+def ns_obj(name: str, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def plan(namespace: str, name: str, *, gpus: int = 0, units: int = 0, priority: int = 0) -> PodPlan:
+    if gpus:
+        request = PodRequest(name=name, gpu_count=gpus, gpu_milli=1000, namespace=namespace, priority=priority)
+    elif units:
+        request = PodRequest(name=name, gpu_count=1, gpu_memory_mib=units * GB, namespace=namespace, priority=priority)
+    else:
+        request = PodRequest(name=name, cpu_milli=100, namespace=namespace, priority=priority)
+    return PodPlan(f"uid-{namespace}-{name}", namespace, name, 0.0, priority, request, (), GB)
+
+
+def place(state: ClusterState, p: PodPlan, gpus: tuple[int, ...] = (), share_units: int = 0) -> Placement:
+    if share_units:
+        placement = Placement("n0", gpus, share_units * 1000 // 80, share_units * GB)
+    else:
+        placement = Placement("n0", gpus, 1000 if gpus else 0, 80 * GB if gpus else 0)
+    state.assume(p, placement)
+    return placement
+
+
+def book_with(*quotas: dict[str, Any], namespaces: tuple[dict[str, Any], ...] = ()) -> QuotaBook:
+    book = QuotaBook(ClusterState("gpupool"))
+    for ns in namespaces:
+        book.on_namespace("ADDED", ns)
+    for obj in quotas:
+        book.on_quota("ADDED", obj)
+    return book
+
+
+# ---- validation -----------------------------------------------------------------------------------
+
+def test_a_valid_quota_parses() -> None:
+    spec = parse_quota(quota_obj("a", {
+        "namespaceSelector": {"matchLabels": {"team": "a"},
+                              "matchExpressions": [{"key": "tier", "operator": "In", "values": ["x", "y"]},
+                                                   {"key": "gpupool.io/off", "operator": "DoesNotExist"}]},
+        "guaranteed": {"gpus": 8, "memoryUnits": 40}}))
+    assert spec.guaranteed == Amount(8, 40) and spec.borrowing_limit == Amount()
+    assert spec.selector.matches({"team": "a", "tier": "y"})
+    assert not spec.selector.matches({"team": "a", "tier": "z"})
+    assert not spec.selector.matches({"team": "a", "tier": "x", "gpupool.io/off": ""})
+    assert LabelSelector().matches({})  # {} selects every namespace
+
+
+@pytest.mark.parametrize(("spec", "problems"), [
+    ({"namespaceSelector": {}, "guaranteed": {"gpu": 4}},
+     ["unknown field spec.guaranteed.gpu (known: gpus, memoryUnits)"]),
+    ({"namespaceSelector": {}, "guaranteed": {"gpus": -1}, "borrowingLimit": {"memoryUnits": "2"}},
+     ["spec.guaranteed.gpus must not be negative (-1)", "spec.borrowingLimit.memoryUnits must be a whole number, "
+                                                        "not '2'"]),
+    ({"namespaceSelector": {}, "guaranteed": {"gpus": 1.5}}, ["spec.guaranteed.gpus must be a whole number, not 1.5"]),
+    ({"namespaceSelector": {}, "guaranteed": {"gpus": True}}, ["must be a whole number, not True"]),
+    ({"namespaceSelector": {}}, ["spec.guaranteed is required"]),
+    ({"guaranteed": {"gpus": 1}}, ["spec.namespaceSelector is required ({} selects every namespace)"]),
+    ({"namespaceSelector": {"matchLabel": {"team": "a"}}, "guaranteed": {}},
+     ["unknown field spec.namespaceSelector.matchLabel"]),
+    ({"namespaceSelector": {"matchLabels": {"team": "not a value!"}}, "guaranteed": {}},
+     ["spec.namespaceSelector.matchLabels[team]: 'not a value!' is not a valid label value"]),
+    ({"namespaceSelector": {"matchLabels": {"/bad": "x"}}, "guaranteed": {}}, ["'/bad' is not a valid label key"]),
+    ({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "In", "values": []}]}, "guaranteed": {}},
+     ["spec.namespaceSelector.matchExpressions[0]: operator In needs at least one value"]),
+    ({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists", "values": ["a"]}]},
+      "guaranteed": {}}, ["operator Exists takes no values"]),
+    ({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Equals", "values": ["a"]}]},
+      "guaranteed": {}}, ["operator must be one of In, NotIn, Exists, DoesNotExist, not 'Equals'"]),
+    ({"namespaceSelector": {"matchExpressions": "team=a"}, "guaranteed": {}},
+     ["spec.namespaceSelector.matchExpressions must be a list"]),
+    ({"namespaceSelector": {}, "guaranteed": {}, "borrowLimit": {"gpus": 2}}, ["unknown field spec.borrowLimit"]),
+])
+def test_invalid_quotas_name_every_problem(spec: dict[str, Any], problems: list[str]) -> None:
+    with pytest.raises(InvalidQuota) as caught:
+        parse_quota(quota_obj("bad", spec))
+    for problem in problems:
+        assert problem in str(caught.value)
+
+
+def test_an_invalid_quota_is_ignored_and_reported() -> None:
+    book = book_with(quota_obj("a", team_spec("a", 1)),
+                     quota_obj("b", {"namespaceSelector": {"matchLabels": {"team": "b"}}, "guaranteed": {"gpus": -2}}),
+                     namespaces=(ns_obj("ns-a", team="a"), ns_obj("ns-b", team="b")))
+    assert [q.name for q in book.quotas()] == ["a"]
+    assert book.check(plan("ns-b", "p", gpus=64)).ok  # b is ignored: its namespace is not limited
+    assert not book.check(plan("ns-a", "p", gpus=2)).ok  # a still holds
+    status = book.desired_status("b")
+    assert status["conditions"] == [{
+        "type": "Valid", "status": "False", "reason": "InvalidSpec",
+        "message": "ignored: spec.guaranteed.gpus must not be negative (-2)", "observedGeneration": 1}]
+    assert book.desired_status("a")["conditions"][0]["status"] == "True"
+
+
+# ---- namespaces, usage, the cycle's questions ------------------------------------------------------
+
+def test_namespaces_follow_their_labels() -> None:
+    book = book_with(quota_obj("a", team_spec("a", 1)), namespaces=(ns_obj("x"),))
+    assert book.quotas()[0].namespaces == frozenset()
+    book.on_namespace("MODIFIED", ns_obj("x", team="a"))
+    assert book.quotas()[0].namespaces == {"x"}
+    book.on_namespace("DELETED", ns_obj("x", team="a"))
+    assert book.quotas()[0].namespaces == frozenset()
+    by_name = book_with(quota_obj("n", {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "y"}},
+                                        "guaranteed": {"gpus": 1}}), namespaces=(ns_obj("y"), ns_obj("z")))
+    assert by_name.quotas()[0].namespaces == {"y"}
+
+
+def test_usage_comes_from_the_ledger() -> None:
+    book = book_with(quota_obj("a", team_spec("a", 4, 16)), quota_obj("b", team_spec("b", 4)),
+                     namespaces=(ns_obj("ns-a", team="a"), ns_obj("ns-b", team="b"), ns_obj("free")))
+    state = book.state
+    place(state, plan("ns-a", "train", gpus=2), (0, 1))
+    place(state, plan("ns-a", "infer", units=6), (2,), share_units=6)
+    place(state, plan("ns-b", "train", gpus=1), (3,))
+    place(state, plan("free", "big", gpus=4), (4, 5, 6, 7))
+    assert book.usage() == {"a": Amount(2, 6), "b": Amount(1, 0)}
+    state.forget("uid-ns-a-train")
+    assert book.usage() == {"a": Amount(0, 6), "b": Amount(1, 0)}
+
+
+def test_check_refuses_over_quota_with_the_quota_and_the_excess() -> None:
+    book = book_with(quota_obj("team-a", team_spec("a", 8)), quota_obj("team-b", team_spec("b", 8)),
+                     namespaces=(ns_obj("ns-a", team="a"), ns_obj("ns-b", team="b")))
+    for i in range(6):
+        place(book.state, plan("ns-a", f"p{i}", gpus=1), (i,))
+    assert book.check(plan("ns-a", "fits", gpus=2)).ok
+    verdict = book.check(plan("ns-a", "big", gpus=4))
+    assert not verdict.ok and verdict.quota == "team-a"
+    assert verdict.message == ("GpuQuota team-a: needs 4 GPUs, uses 6 of 8 guaranteed and may borrow 0 more "
+                               "(borrowing limit 0, 8 idle in the other quotas): 2 over")
+    assert book.check(plan("ns-a", "cpu")).ok
+    assert book.check(plan("elsewhere", "any", gpus=100)).ok
+    gang = [plan("ns-a", "g0", gpus=1), plan("ns-a", "g1", gpus=1), plan("ns-a", "g2", gpus=1)]
+    assert not book.check_gang(gang).ok and book.check_gang(gang[:2]).ok
+    with pytest.raises(ValueError, match="one namespace"):
+        book.check_gang([plan("ns-a", "x", gpus=1), plan("ns-b", "y", gpus=1)])
+
+
+def test_borrowing_and_reclaim_through_the_book() -> None:
+    """Scenario 4c's decisions: a borrows b's idle GPUs; b's pod gets a's borrowed pods as candidates."""
+    book = book_with(quota_obj("a", team_spec("a", 2, borrow=4)), quota_obj("b", team_spec("b", 4)),
+                     namespaces=(ns_obj("ns-a", team="a"), ns_obj("ns-b", team="b")))
+    state = book.state
+    running = []
+    for i in range(6):
+        p = plan("ns-a", f"a{i}", gpus=1, priority=i % 2)
+        assert book.check(p).ok, i  # 2 guaranteed, 4 borrowed of b's idle 4
+        placement = place(state, p, (i,))
+        running.append(RunningPod(p.uid, "n0", p.priority, p.request, placement, float(i)))
+    assert book.usage()["a"] == Amount(6, 0)
+    assert not book.check(plan("ns-a", "more", gpus=1)).ok  # borrowing limit reached and b's 4 are lent
+    b_pod = plan("ns-b", "b0", gpus=2)
+    assert book.check(b_pod).ok  # within b's guarantee, whatever a borrowed
+    victims = book.reclaim(b_pod, running)
+    # a borrows 4: its priority-0 pods a4, a2, a0 (newest first), then the newest priority-1 one, a5
+    assert [v.uid for v in victims] == ["uid-ns-a-a4", "uid-ns-a-a2", "uid-ns-a-a0", "uid-ns-a-a5"]
+    assert book.reclaim(plan("ns-a", "x", gpus=1), running) == []  # a borrower does not reclaim
+    assert book.desired_status("a")["borrowed"] == {"gpus": 4, "memoryUnits": 0}
+
+
+def test_overlapping_quotas_say_which_one_governs() -> None:
+    book = book_with(quota_obj("b-team", team_spec("shared", 1)), quota_obj("a-team", team_spec("shared", 3)),
+                     namespaces=(ns_obj("common", team="shared"),))
+    assert book.check(plan("common", "p", gpus=3)).ok  # a-team governs: 3 guaranteed
+    status = book.desired_status("b-team")
+    overlap = next(c for c in status["conditions"] if c["type"] == "Overlapping")
+    assert overlap["status"] == "True" and "common (by GpuQuota a-team)" in overlap["message"]
+    assert status["namespaces"] == []
+    assert book.desired_status("a-team")["namespaces"] == ["common"]
+
+
+def test_watch_registers_quota_and_namespace_handlers_when_the_service_keeps_a_book() -> None:
+    service = SchedulerService(SchedulerConfig(), KubeApi(client.ApiClient(client.Configuration())))
+    plain = {h.selector.any_name for h in build_registry(service)._watching.get_all_handlers() if h.selector}
+    assert "gpuquotas" not in plain and "namespaces" not in plain
+    service.quotas = QuotaBook(service.state)  # type: ignore[attr-defined]
+    names = {h.selector.any_name for h in build_registry(service)._watching.get_all_handlers() if h.selector}
+    assert {"gpuquotas", "namespaces"} <= names
+
+
+def test_gauges_per_team_over_http() -> None:
+    registry = CollectorRegistry()
+    book = QuotaBook(ClusterState("gpupool"), registry)
+    book.on_namespace("ADDED", ns_obj("ns-a", team="a"))
+    book.on_quota("ADDED", quota_obj("a", team_spec("a", 1, 4, borrow=2)))
+    book.on_quota("ADDED", quota_obj("bad", {"namespaceSelector": {}, "guaranteed": {"gpus": -1}}))
+    place(book.state, plan("ns-a", "p", gpus=2), (0, 1))
+    book._set_gauges(book.usage())
+    httpd, thread = start_wsgi_server(0, "127.0.0.1", registry)
+    try:
+        port = httpd.server_address[1]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        httpd.shutdown()
+        thread.join(5)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    a_gpus = (("quota", "a"), ("resource", "gpus"))
+    assert samples[("gpupool_scheduler_quota_used", a_gpus)] == 2
+    assert samples[("gpupool_scheduler_quota_borrowed", a_gpus)] == 1
+    assert samples[("gpupool_scheduler_quota_guaranteed", (("quota", "a"), ("resource", "memory_units")))] == 4
+    assert samples[("gpupool_scheduler_quota_borrowing_limit", a_gpus)] == 2
+    assert samples[("gpupool_scheduler_quota_valid", (("quota", "bad"),))] == 0
+    assert ("gpupool_scheduler_quota_used", (("quota", "bad"), ("resource", "gpus"))) not in samples
+    book.on_quota("DELETED", quota_obj("a", {}))
+    book._set_gauges(book.usage())
+    assert registry.get_sample_value("gpupool_scheduler_quota_used", {"quota": "a", "resource": "gpus"}) is None
+
+
+# ---- on the real API server ----------------------------------------------------------------------
+
+@pytest.fixture
+def quotas_api(kube: ClusterClient) -> Iterator[client.CustomObjectsApi]:
+    from gpupool_devcluster.crds import install_crds
+
+    assert "gpuquotas.gpupool.io" in install_crds(kube.api_client)
+    yield client.CustomObjectsApi(kube.api_client)
+
+
+def _create(custom: client.CustomObjectsApi, name: str, spec: dict[str, Any], made: list[str]) -> None:
+    custom.create_cluster_custom_object(GROUP, VERSION, PLURAL,
+                                        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuQuota",
+                                         "metadata": {"name": name}, "spec": spec})
+    made.append(name)
+
+
+def test_status_on_the_api_server(kube: ClusterClient, namespace: str, quotas_api: client.CustomObjectsApi) -> None:
+    tag = uuid.uuid4().hex[:6]
+    kube.core.patch_namespace(namespace, {"metadata": {"labels": {"gpupool.io/test-team": tag}}})
+    custom = quotas_api
+    good, typo, empty_in = f"q-{tag}-good", f"q-{tag}-typo", f"q-{tag}-in"
+    made: list[str] = []
+    try:
+        _create(custom, good, {"namespaceSelector": {"matchLabels": {"gpupool.io/test-team": tag}},
+                               "guaranteed": {"gpus": 2, "memoryUnits": 8}, "borrowingLimit": {"gpus": 1}}, made)
+        _create(custom, typo, {"namespaceSelector": {"matchLabels": {"gpupool.io/test-team": tag}},
+                               "guaranteed": {"gpu": 2}}, made)  # misspelt: kept by the schema, caught here
+        _create(custom, empty_in, {"namespaceSelector": {"matchExpressions": [
+            {"key": "gpupool.io/test-team", "operator": "In", "values": []}]}, "guaranteed": {"gpus": 1}}, made)
+        with pytest.raises(ApiException) as refused:  # what the schema can say, the API server says
+            _create(custom, f"q-{tag}-neg", {"namespaceSelector": {}, "guaranteed": {"gpus": -1}}, made)
+        assert refused.value.status == 422 and "spec.guaranteed.gpus" in str(refused.value.body)
+
+        api = KubeApi(kube.api_client)
+        book = QuotaBook(ClusterState("gpupool"))
+        p = plan(namespace, "train", gpus=3)
+
+        async def publish() -> int:
+            await book.resync(api)
+            place(book.state, p, (0, 1, 2))
+            return await book.publish(api)
+
+        try:
+            assert asyncio.run(publish()) >= 3
+            again = asyncio.run(book.publish(api))  # nothing changed: the same status is not written again
+        finally:
+            api.close()
+        assert again == 0
+        assert [q.name for q in book.quotas() if q.name.startswith(f"q-{tag}")] == [good]
+
+        def status(name: str) -> dict[str, Any]:
+            return custom.get_cluster_custom_object_status(GROUP, VERSION, PLURAL, name).get("status") or {}
+
+        def condition(name: str, kind: str = "Valid") -> dict[str, Any]:
+            return next((c for c in status(name).get("conditions") or () if c["type"] == kind), {})
+
+        eventually(lambda: condition(good).get("status") == "True", 10, "good quota Valid")
+        shown = status(good)
+        assert shown["used"] == {"gpus": 3, "memoryUnits": 0} and shown["borrowed"] == {"gpus": 1, "memoryUnits": 0}
+        assert shown["namespaces"] == [namespace]
+        assert condition(good)["observedGeneration"] == 1 and condition(good)["lastTransitionTime"]
+        bad = condition(typo)
+        assert bad["status"] == "False" and bad["reason"] == "InvalidSpec"
+        assert "unknown field spec.guaranteed.gpu (known: gpus, memoryUnits)" in bad["message"]
+        assert status(typo)["used"] == {"gpus": 0, "memoryUnits": 0}
+        assert "operator In needs at least one value" in condition(empty_in)["message"]
+        # the invalid ones changed nothing: the good one governs the namespace alone
+        assert not condition(good, "Overlapping") or condition(good, "Overlapping")["status"] == "False"
+        verdict = book.check(plan(namespace, "more", gpus=1))
+        assert not verdict.ok and verdict.message.startswith(f"GpuQuota {good}: needs 1 GPU, uses 3 of 2 guaranteed")
+    finally:
+        for name in made:
+            try:
+                custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise

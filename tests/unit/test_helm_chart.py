@@ -1,0 +1,143 @@
+"""The chart renders, lints and refuses bad values with a message naming the value (pinned helm, no
+cluster: `helm lint` / `helm template`). The installed chart is tested in tests/e2e/test_helm_chart.py."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpupool_devcluster.binaries import helm_binary, repo_root
+from gpupool_devcluster.errors import DevClusterError
+
+CHART = repo_root() / "deploy" / "helm" / "gpupool"
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    try:
+        binary = helm_binary()
+    except DevClusterError as exc:
+        pytest.skip(str(exc))  # `make test` builds it first (make cluster-bins)
+    return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=60)
+
+
+def render(*values: str) -> list[dict[str, Any]]:
+    done = helm("template", "rel", str(CHART), "--namespace", "gp", *values)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def test_helm_lint_strict_is_clean() -> None:
+    done = helm("lint", "--strict", str(CHART))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout, done.stdout
+
+
+def test_defaults_render_the_scheduler_and_the_device_plugin() -> None:
+    docs = render()
+    deployment = by_kind(docs, "Deployment")["rel-gpupool-scheduler"]
+    assert deployment["spec"]["replicas"] == 2
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["gpupool", "scheduler"]
+    assert "--leader-elect" in container["args"] and "--policy=$(GPUPOOL_POLICY)" in container["args"]
+    assert "--lease-namespace=$(POD_NAMESPACE)" in container["args"]
+    daemonset = by_kind(docs, "DaemonSet")["rel-gpupool-deviceplugin"]
+    pod = daemonset["spec"]["template"]["spec"]
+    paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert paths == {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert not any(a.startswith("--fake-nvml") for a in pod["containers"][0]["args"])
+    config = yaml.safe_load(by_kind(docs, "ConfigMap")["rel-gpupool-deviceplugin"]["data"]["config.yaml"])
+    assert config["gpuMemory"]["unitMiB"] == 1024 and config["kubernetes"]["mode"] == "required"
+    classes = {name: d["value"] for name, d in by_kind(docs, "PriorityClass").items()}
+    assert classes == {"train-critical": 1_000_000, "training": 100_000, "inference": 10_000, "best-effort": 0}
+    dashboard = by_kind(docs, "ConfigMap")["rel-gpupool-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert not by_kind(docs, "PrometheusRule") and not by_kind(docs, "ServiceMonitor")
+
+
+def test_values_switch_parts_on_and_off() -> None:
+    docs = render("--set", "devicePlugin.fakeNvmlProfile=dgx-h100", "--set", "extender.enabled=true",
+                  "--set", "priorityClasses.classes.best-effort.enabled=false", "--set", "gpuMemoryUnitMiB=512",
+                  "--set", "devicePlugin.kubeletRoot=/data/kubelet/")
+    pod = by_kind(docs, "DaemonSet")["rel-gpupool-deviceplugin"]["spec"]["template"]["spec"]
+    assert "--fake-nvml=dgx-h100" in pod["containers"][0]["args"]
+    assert {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v} == {
+        "/data/kubelet/device-plugins", "/data/kubelet/pod-resources"}
+    assert "best-effort" not in by_kind(docs, "PriorityClass")
+    assert by_kind(docs, "ConfigMap")["rel-gpupool-scheduler-policy"]["data"]["memory-unit-mib"] == "512"
+    extender = by_kind(docs, "Deployment")["rel-gpupool-extender"]
+    assert extender["spec"]["template"]["spec"]["containers"][0]["command"] == ["gpupool", "extender"]
+    assert "rel-gpupool-extender" in by_kind(docs, "Service")
+    off = render("--set", "devicePlugin.enabled=false", "--set", "priorityClasses.enabled=false")
+    assert not by_kind(off, "DaemonSet") and not by_kind(off, "PriorityClass")
+    assert "rel-gpupool-deviceplugin" not in by_kind(off, "ClusterRole")
+
+
+def test_monitoring_objects_carry_the_chart_files() -> None:
+    docs = render("--set", "prometheusRule.enabled=true", "--set", "metrics.serviceMonitor.enabled=true",
+                  "--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
+                  "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor")
+    rule = by_kind(docs, "PrometheusRule")["rel-gpupool"]
+    assert rule["spec"]["groups"] == yaml.safe_load((CHART / "files" / "gpupool-alerts.yaml").read_text())["groups"]
+    monitor = by_kind(docs, "ServiceMonitor")["rel-gpupool"]
+    selected = monitor["spec"]["selector"]["matchLabels"]
+    services = [s for s in by_kind(docs, "Service").values()
+                if all(s["metadata"]["labels"].get(k) == v for k, v in selected.items())]
+    assert {s["metadata"]["name"] for s in services} == {"rel-gpupool-scheduler-metrics",
+                                                         "rel-gpupool-deviceplugin-metrics"}
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    (["--set", "scheduler.replicas=two"], "at '/scheduler/replicas': got string, want integer"),
+    (["--set", "scheduler.policy=fastest"], "at '/scheduler/policy': value must be one of"),
+    (["--set", "devicePlugin.fakeNvmlProfile=h200"], "at '/devicePlugin/fakeNvmlProfile': value must be one of"),
+    (["--set", "schedulr.replicas=1"], "additional properties 'schedulr' not allowed"),
+    (["--set", "gpuMemoryUnitMiB=3"], "at '/gpuMemoryUnitMiB': minimum: got 3, want 64"),
+    (["--set", "priorityClasses.classes.tier.value=2000000000"], "at '/priorityClasses/classes/tier/value'"),
+    (["--set", "scheduler.leaderElection.renewDeadlineSeconds=20"],
+     "need retryPeriodSeconds < renewDeadlineSeconds < leaseDurationSeconds"),
+    (["--set", "prometheusRule.enabled=true"], "this cluster has no monitoring.coreos.com/v1 PrometheusRule"),
+    (["--set", "metrics.serviceMonitor.enabled=true"], "this cluster has no monitoring.coreos.com/v1 ServiceMonitor"),
+])
+def test_bad_values_fail_with_a_message_naming_the_value(values: list[str], message: str) -> None:
+    done = helm("template", "rel", str(CHART), *values)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
+
+
+def test_the_chart_ships_every_crd_of_deploy_crds_unchanged() -> None:
+    ours = {p.name: p.read_bytes() for p in (repo_root() / "deploy" / "crds").glob("*.yaml")}
+    shipped = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    assert shipped == ours
+
+
+def test_the_podgroup_crd_is_the_same_in_the_chart_and_in_deploy_crds() -> None:
+    name = "scheduling.x-k8s.io_podgroups.yaml"
+    chart_copy = CHART / "crds" / name
+    assert chart_copy.read_bytes() == (repo_root() / "deploy" / "crds" / name).read_bytes()
+    crd = yaml.safe_load(chart_copy.read_text())
+    (version,) = crd["spec"]["versions"]
+    assert (crd["spec"]["group"], version["name"], crd["spec"]["names"]["kind"]) == (
+        "scheduling.x-k8s.io", "v1alpha1", "PodGroup")
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert {"minMember", "scheduleTimeoutSeconds"} <= set(spec)
+    assert {"phase", "scheduled", "running"} <= set(status)
+
+
+def test_no_template_refers_to_a_missing_file() -> None:
+    for template in (CHART / "templates").glob("*.yaml"):
+        for line in template.read_text().splitlines():
+            if ".Files.Get" in line:
+                name = line.split('.Files.Get "', 1)[1].split('"', 1)[0]
+                assert (CHART / name).is_file(), f"{template.name}: {name}"
+    assert Path(CHART / "values.schema.json").is_file()
