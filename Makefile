@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 export GPUPOOL_CACHE ?= $(HOME)/.cache/gpupool
 
 .PHONY: help venv simulate test test-unit test-e2e lint typecheck fmt bench bench-sim bench-deviceplugin \
-        bench-cluster-infra bench-cluster proto cluster-bins cluster-up cluster-down clean
+        bench-cluster-infra bench-cluster bench-extender proto cluster-bins cluster-up cluster-down demo demo-down clean
 
 help: ## list every target with its description (the `## ` comment on its line)
 	@awk '/^[a-zA-Z][a-zA-Z0-9_-]*:([^=]|$$)/ { name = $$0; sub(/:.*/, "", name); \
@@ -47,13 +47,16 @@ fmt: $(VPY) ## ruff --fix: apply ruff's automatic fixes to src, tests and benchm
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 bench: $(VPY) ## all benchmarks: JSON + table in out/bench/
-	$(MAKE) bench-sim bench-deviceplugin bench-cluster-infra bench-cluster
+	$(MAKE) bench-sim bench-deviceplugin bench-extender bench-cluster-infra bench-cluster
 
 bench-sim: $(VPY) ## simulator wall time per policy + per-decision cost at 1k/5k/20k nodes
 	$(VPY) -m benchmarks.bench_placement --out out/bench
 
 bench-deviceplugin: $(VPY) ## device plugin ListAndWatch/Allocate latency and RSS
 	$(VPY) -m benchmarks.bench_deviceplugin --out out/bench
+
+bench-extender: $(VPY) ## extender's added latency per pod (filter + prioritize + bind over HTTP), 100 / 1000 nodes
+	$(VPY) -m benchmarks.bench_extender --out out/bench
 
 bench-cluster-infra: $(VPY) cluster-bins ## 1000 fake GPU nodes + 10k pods: bring-up time and memory
 	$(VPY) -m benchmarks.bench_cluster_infra --out out/bench
@@ -72,6 +75,12 @@ cluster-up: $(VPY) cluster-bins ## start etcd + kube-apiserver + kwok on 127.0.0
 
 cluster-down: $(VPY) ## stop the local control plane (by pid)
 	bash hack/cluster/down.sh
+
+demo: $(VPY) cluster-bins ## chart + scheduler + device plugins on the local control plane, a mixed workload, `gpupool status` before and after, the scheduler's metrics
+	$(VPY) hack/demo.py up
+
+demo-down: $(VPY) ## remove everything `make demo` made (processes, chart, namespace, nodes; the cluster if it started it)
+	$(VPY) hack/demo.py down
 
 clean: ## remove out/, build artefacts and tool caches
 	rm -rf out build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -18,6 +18,8 @@ __all__ = ["UserError", "build_parser", "main", "version"]
 SUBCOMMANDS: dict[str, str | None] = {
     "gpupool_sched.simulate.cli": "scheduler",
     "gpupool_sched.scheduler.cli": "scheduler",
+    "gpupool_sched.extender.cli": "scheduler",
+    "gpupool_sched.status.cli": "scheduler",
     "gpupool_devcluster.cli": "dev",
 }
 # extra -> top-level modules its sub-commands need. Some are imported only when a command runs (kopf,

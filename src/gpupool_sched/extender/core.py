@@ -1,0 +1,316 @@
+"""The extender's brain: the scheduler's live state (`ClusterState`, fed by the watch) and placement
+core behind kube-scheduler's verbs. Everything here runs on the event loop's thread (the HTTP
+handlers and the kopf handlers share one loop), so the state needs no lock.
+
+    filter      the core's filter chain on the nodes kube-scheduler sends (NodeNames)
+    prioritize  the core's scorers on them, scaled to 0..10, the core's pick alone at 10
+    bind        decide() restricted to kube-scheduler's node (the core picks the GPUs), assume it in
+                the ledger, then the scheduler's Binder: handshake gate, Binding with the assignment
+    preempt     kube-scheduler's victims, unchanged
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpupool_sched.model.decision import Unschedulable
+from gpupool_sched.placement.decide import decide
+from gpupool_sched.placement.fragmentation import WorkloadProfile
+from gpupool_sched.placement.framework import Policy
+from gpupool_sched.placement.registry import POLICIES, build_policy
+from gpupool_sched.placement.workload import GpuMemorySizes, RollingProfile, forget_profile
+from gpupool_sched.scheduler.binder import Binder, BindOutcome
+from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
+from gpupool_sched.scheduler.podspec import InvalidPod
+from gpupool_sched.scheduler.queue import QueuedPod, SchedulingQueue
+from gpupool_sched.scheduler.state import ClusterState
+
+from .metrics import ExtenderMetrics
+from .protocol import (
+    BindingArgs,
+    ExtenderArgs,
+    PreemptionArgs,
+    filter_result,
+    preemption_result,
+)
+from .verdicts import extender_scores, verdicts
+
+log = logging.getLogger(__name__)
+
+PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
+
+
+class NotReady(RuntimeError):
+    """The state is not built yet (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class ExtenderConfig:
+    scheduler_name: str = "default-scheduler"  # kube-scheduler's profile: its pending pods are cached
+    policy: str = "gpupool"
+    memory_unit_mib: int = 1024
+    gate_timeout_s: float = 30.0
+    confirm_ttl_s: float = 60.0
+    bind_timeout_s: float = 25.0  # under kube-scheduler's httpTimeout for the extender (docs/extender.md)
+    profile_window: int = 2000
+    housekeeping_s: float = 1.0
+    max_cached_pods: int = 50000
+
+
+class Extender:
+    def __init__(self, config: ExtenderConfig, api: KubeApi, metrics: ExtenderMetrics | None = None) -> None:
+        if config.policy not in POLICIES:
+            raise ValueError(f"unknown policy {config.policy!r}; choose one of: {', '.join(POLICIES)}")
+        self.config = config
+        self.api = api
+        self.metrics = metrics or ExtenderMetrics()
+        self.state = ClusterState(config.scheduler_name, memory_unit_mib=config.memory_unit_mib,
+                                  gate_timeout_s=config.gate_timeout_s, confirm_ttl_s=config.confirm_ttl_s)
+        self.profile = RollingProfile(window=config.profile_window)
+        self._memory_sizes = GpuMemorySizes()
+        self._policy: Policy | None = None
+        self._policy_version = -1
+        self._profile_in_use: WorkloadProfile | None = None
+        self._observed: set[str] = set()
+        self._pods: dict[str, dict[str, Any]] = {}  # UID -> latest pending pod object (watch, filter args)
+        self._outcomes: dict[str, BindOutcome] = {}
+        self.rng = np.random.default_rng(0)
+        # the Binder retries nothing here: kube-scheduler owns the retry, so its queue stays unused
+        self.binder = Binder(self.state, api, SchedulingQueue(), self.metrics.binder,
+                             is_leader=lambda: True, on_bound=self._bound)
+        self.synced = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ---- policy / profile (as the scheduler service keeps them) --------------------------------
+    def current_policy(self) -> Policy:
+        profile = self.profile.profile()
+        if self._policy is None or self.profile.version != self._policy_version:
+            if self._profile_in_use is not None and self._profile_in_use is not profile:
+                forget_profile(self.state.snapshot, self._profile_in_use)
+            self._profile_in_use = profile
+            info = POLICIES[self.config.policy]
+            self._policy = build_policy(self.config.policy, profile if info.needs_profile else None)
+            self._policy_version = self.profile.version
+        return self._policy
+
+    def _observe(self, uid: str, obj: dict[str, Any] | None = None) -> None:
+        if uid in self._observed:
+            return
+        entry = self.state.pods.get(uid)
+        if entry is not None:
+            request = entry.request
+        elif obj is not None:
+            try:
+                request = self.state.plan(obj).request
+            except InvalidPod:
+                return
+        else:
+            return
+        self._observed.add(uid)
+        if len(self._observed) > 4 * self.config.profile_window:
+            self._observed.clear()
+        self.profile.observe(request)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.resync()
+        self.synced.set()
+        self._tasks = [asyncio.get_running_loop().create_task(self._housekeeping(), name="housekeeping")]
+        log.info("extender for %s started: %d nodes, %d pods in the ledger", self.config.scheduler_name,
+                 len(self.state.nodes), len(self.state.pods))
+
+    async def resync(self) -> None:
+        classes, _ = await self.api.list_raw(PRIORITY_CLASSES)
+        for obj in classes:
+            self.on_priority_class("ADDED", obj)
+        nodes, _ = await self.api.list_raw("/api/v1/nodes")
+        for obj in nodes:
+            self.on_node("ADDED", obj)
+        pods, _ = await self.api.list_raw("/api/v1/pods")
+        for obj in pods:
+            self.on_pod("ADDED", obj)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.binder.drain()
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.housekeeping_s)
+            try:
+                self.state.expire()
+            except Exception:
+                log.exception("housekeeping failed")
+
+    def readiness(self) -> tuple[bool, str]:
+        if not self.synced.is_set():
+            return False, "caches not synced"
+        return True, f"synced: {len(self.state.nodes)} nodes, {len(self.state.pods)} pods in the ledger"
+
+    # ---- watch events ------------------------------------------------------------------------------
+    def on_priority_class(self, kind: str | None, obj: dict[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if not name:
+            return
+        if kind == "DELETED":
+            self.state.priority_classes.pop(name, None)
+            return
+        try:
+            self.state.priority_classes[name] = int(obj.get("value", 0))
+        except (TypeError, ValueError):
+            log.warning("PriorityClass %s has a non-integer value", name)
+
+    def on_node(self, kind: str | None, obj: dict[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if not name:
+            return
+        if kind == "DELETED":
+            self.state.delete_node(name)
+            self._memory_sizes.update(name, None)
+        elif self.state.apply_node(obj) is not None:
+            self._memory_sizes.update(name, self.state.node_spec(name))
+        else:
+            return
+        self.profile.typical_gpu_memory_mib = self._memory_sizes.typical()
+
+    def on_pod(self, kind: str | None, obj: dict[str, Any]) -> None:
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        update = self.state.apply_pod(obj, deleted=kind == "DELETED")
+        if update.gone:
+            self._pods.pop(uid, None)
+            self._observe(uid)
+        elif update.pending_ours:
+            self._remember(uid, obj)
+
+    def _remember(self, uid: str, obj: dict[str, Any]) -> None:
+        if uid not in self._pods and len(self._pods) >= self.config.max_cached_pods:
+            self._pods.pop(next(iter(self._pods)))
+        self._pods[uid] = obj
+
+    # ---- the verbs ---------------------------------------------------------------------------------
+    def _ready(self) -> None:
+        if not self.synced.is_set():
+            raise NotReady("the extender's caches are not synced yet")
+
+    def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+        self._ready()
+        uid = str(args.pod["metadata"]["uid"])
+        self._remember(uid, args.pod)
+        try:
+            plan = self.state.plan(args.pod)
+        except InvalidPod as exc:
+            bucket = {n: str(exc) for n in args.node_names}
+            self.metrics.filtered.labels(result="failed").inc(len(bucket))
+            if exc.permanent:
+                return filter_result(args, [], {}, bucket)
+            return filter_result(args, [], bucket, {})
+        self._observe(uid, args.pod)
+        v = verdicts(self.state.snapshot, plan.request, self.current_policy(), self.rng)
+        feasible = set(v.feasible.tolist())
+        index = self.state.snapshot.index
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        for name in args.node_names:
+            row = index.get(name)
+            if row is None:
+                failed[name] = "node unknown to the gpupool extender (not in its watch yet)"
+            elif row in feasible:
+                passed.append(name)
+            else:
+                failed[name] = v.reasons.get(row, "does not fit")
+        self.metrics.filtered.labels(result="passed").inc(len(passed))
+        self.metrics.filtered.labels(result="failed").inc(len(failed))
+        return filter_result(args, passed, failed, {})
+
+    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+        """HostPriorityList: every node kube-scheduler sent; the infeasible ones score 0."""
+        self._ready()
+        try:
+            plan = self.state.plan(args.pod)
+        except InvalidPod:
+            return [{"Host": n, "Score": 0} for n in args.node_names]
+        policy = self.current_policy()
+        v = verdicts(self.state.snapshot, plan.request, policy, self.rng)
+        index = self.state.snapshot.index
+        wanted = {r for n in args.node_names if (r := index.get(n)) is not None}
+        rows = np.array(sorted(wanted.intersection(v.feasible.tolist())), dtype=np.int64)
+        scores = extender_scores(v, policy, rows)
+        return [{"Host": n, "Score": scores.get(index.get(n, -1), 0)} for n in args.node_names]
+
+    async def bind(self, args: BindingArgs) -> dict[str, Any]:
+        """ExtenderBindingResult: `Error` empty when the Binding (with the assignment) was accepted."""
+        self._ready()
+        key = f"{args.pod_namespace}/{args.pod_name}"
+        obj = self._pods.get(args.pod_uid)
+        if obj is None:
+            try:
+                obj = await self._read_pod(args.pod_namespace, args.pod_name)
+            except ApiError as exc:
+                return {"Error": f"pod {key}: cannot read it: {exc}"}
+        if str((obj.get("metadata") or {}).get("uid")) != args.pod_uid:
+            return {"Error": f"pod {key} is not the pod {args.pod_uid} any more (replaced by a namesake)"}
+        try:
+            plan = self.state.plan(obj)
+        except InvalidPod as exc:
+            return {"Error": f"pod {key}: {exc}"}
+        entry = self.state.pods.get(plan.uid)
+        if entry is not None:
+            return {"Error": f"pod {key} is already {entry.phase.value} on {entry.node}"}
+        row = self.state.snapshot.index.get(args.node)
+        if row is None:
+            return {"Error": f"node {args.node} is unknown to the gpupool extender"}
+        policy = self.current_policy()
+        v = verdicts(self.state.snapshot, plan.request, policy, self.rng)
+        if not (v.feasible == row).any():
+            return {"Error": f"pod {key} does not fit on {args.node} any more: {v.reasons.get(row, 'does not fit')}"}
+        started = time.perf_counter()
+        decision = decide(self.state.snapshot, plan.request, policy, self.rng, sample=lambda c: c[c == row])
+        self.metrics.binder.algorithm_latency.observe(time.perf_counter() - started)
+        if isinstance(decision, Unschedulable):  # cannot happen after the verdict above; answered anyway
+            return {"Error": f"pod {key} does not fit on {args.node}"}
+        try:
+            self.state.assume(plan, decision)
+        except ValueError as exc:
+            return {"Error": str(exc)}
+        item = QueuedPod(uid=plan.uid, key=key, priority=plan.priority, created=plan.created)
+        try:
+            await asyncio.wait_for(self.binder.bind_one(plan, decision, item, time.monotonic()),
+                                   self.config.bind_timeout_s)
+        except TimeoutError:
+            self._outcomes.pop(plan.uid, None)
+            return {"Error": f"pod {key}: no Binding within {self.config.bind_timeout_s:.0f}s (waiting at the "
+                             f"handshake gate of {args.node}); kube-scheduler retries it"}
+        outcome = self._outcomes.pop(plan.uid, None)
+        if outcome is None:  # the pod went while waiting at the gate
+            return {"Error": f"pod {key} was deleted before its Binding"}
+        if not outcome.ok:
+            return {"Error": f"binding {key} to {args.node} failed: {outcome.error}"}
+        self._pods.pop(plan.uid, None)
+        return {"Error": ""}
+
+    def preempt(self, args: PreemptionArgs) -> dict[str, Any]:
+        """kube-scheduler's victims, unchanged (its own choice, by its own view of resources)."""
+        self._ready()
+        return preemption_result(args.victims)
+
+    def _bound(self, outcome: BindOutcome, _: QueuedPod) -> None:
+        self._outcomes[outcome.plan.uid] = outcome
+
+    async def _read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        def read() -> dict[str, Any]:
+            resp = self.api.core.read_namespaced_pod(name, namespace, _preload_content=False)
+            try:
+                return dict(json.loads(resp.data))
+            finally:
+                resp.release_conn()
+
+        return await self.api.call(read)

@@ -1,0 +1,93 @@
+"""`make demo` end to end, small: hack/demo.py up on the test's control plane, then down.
+
+Checks what `up` prints (status before and after, the scrape's figures), the pods it made (the
+train-critical pod runs; every pod runs or is marked unschedulable; pods on the device plugin's node are
+acked), and that `down` leaves no process, release, namespace or node behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from scheduler_harness import POOL_LABEL, list_pods
+
+from gpupool_common.handshake import parse_ack
+from gpupool_devcluster.binaries import helm_binary
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.raw import read_json
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "hack" / "demo.py"
+
+
+def demo(kube: ClusterClient, *args: str, timeout: float = 300) -> str:
+    done = subprocess.run([sys.executable, str(DEMO), "--cluster", kube.cluster.name, *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, f"demo {args[0]} failed ({done.returncode}):\n{out[-6000:]}"
+    return out
+
+
+def alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.is_file() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_demo_up_then_down_leaves_nothing(kube: ClusterClient) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo", DEMO)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pids: list[int] = []
+    try:
+        out = demo(kube, "up", "--plugin-nodes", "1", "--kwok-nodes", "1", "--training", "2", "--inference", "3",
+                   "--best-effort", "3", "--timeout", "120")
+        print(out)
+        state = module.read_state(kube.cluster.name)
+        pids = state["pids"]
+        assert len(pids) == 3 and all(alive(p) for p in pids), pids  # agent, one device plugin, the scheduler
+        for text in ("gpupool status (before)", "gpupool status (after)", "GPUs by state:", "fragmentation (FGD):",
+                     "pending pods by priority:", "registered nvidia.com/gpu, nvidia.com/gpu-memory"):
+            assert text in out, text
+        before, after = out.split("gpupool status (before)")[1].split("gpupool status (after)")
+        assert "no pending GPU pods" in before and "GPUs      0 whole, 0 shared" in before
+        assert "gpupool-demo/batch-" in after  # the best-effort pods that found no room wait, listed by priority
+
+        pods = {p["metadata"]["name"]: p for p in list_pods(kube, module.NAMESPACE)}
+        assert len(pods) == 1 + 2 + 3 + 3
+        assert pods["train-critical-0"]["status"]["phase"] == "Running"
+        plugin_node = f"{module.POOL}-{module.PLUGIN_PROFILE}-0"
+        on_plugin = [p for p in pods.values() if p["spec"].get("nodeName") == plugin_node]
+        assert on_plugin, "nothing placed on the device plugin's node"
+        for p in on_plugin:
+            ack = parse_ack(p["metadata"].get("annotations"))
+            assert ack is not None and ack.complete and not ack.error, p["metadata"]["name"]
+        # 1 l40s (4 GPUs) + 1 dgx-h100 (8 GPUs) hold 12 GPUs; the workload asks 4 + 4 + 6 whole + shares
+        pending = [n for n, p in pods.items() if not p["spec"].get("nodeName")]
+        assert pending and all(n.startswith("batch-") for n in pending), pending
+        assert "pending pods by priority: 0:" in out
+        whole = sum(int(p["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu", 0))
+                    for p in pods.values() if p["spec"].get("nodeName"))
+        assert f"GPUs      {whole} whole, " in after, (whole, after)
+        scraped = re.search(r"GPUs by state: +whole (\d+) +shared (\d+)", out)
+        assert scraped and int(scraped[1]) >= whole and int(scraped[2]) >= 1, out  # may count other tests' nodes
+        priorities = {p["spec"]["priority"] for p in pods.values()}
+        assert priorities == {1000000, 100000, 10000, 0}
+    finally:
+        down = demo(kube, "down")
+        print(down)
+    assert not any(alive(p) for p in pids), [p for p in pids if alive(p)]
+    namespaces = {n["metadata"]["name"] for n in read_json(kube.core.list_namespace(_preload_content=False))["items"]}
+    assert module.NAMESPACE not in namespaces
+    nodes = read_json(kube.core.list_node(label_selector=f"{POOL_LABEL}={module.POOL}", _preload_content=False))
+    assert not nodes["items"]
+    releases = subprocess.run([str(helm_binary()), "--kubeconfig", str(kube.kubeconfig), "list", "-A", "--short"],
+                              capture_output=True, text=True, check=True).stdout.split()
+    assert module.RELEASE not in releases
+    assert not module.read_state(kube.cluster.name)
