@@ -341,3 +341,20 @@ def test_pdb_makes_preemption_pick_other_victims_or_wait_and_the_deployment_recr
             apps.delete_namespaced_deployment("infer", namespace, propagation_policy="Background")
     wait_until(lambda: not apps.list_namespaced_replica_set(namespace).items
                and not _pods_of(list_pods(kube, namespace), "infer"), 30, "ReplicaSet and pods collected")
+
+
+def test_a_pod_naming_a_missing_priority_class_is_refused_with_a_clear_message(
+    kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, pool: tuple[str, list[str]],
+) -> None:
+    """Scenario 4e, PriorityClass part: with the API server's Priority admission (on by default) such a
+    pod never reaches a scheduler; the creator is told at once. Where admission is off, the scheduler
+    reports it itself (tests/scheduler/test_podspec.py: "priority class ... does not exist")."""
+    name, _ = pool
+    missing = unique("no-such-class")
+    with pytest.raises(ApiException) as refused:
+        kube.core.create_namespaced_pod(namespace, pod("misconfigured", scheduler.name, name, gpus=1,
+                                                       priority_class=missing))
+    assert refused.value.status == 403
+    assert f"no PriorityClass with name {missing} was found" in (refused.value.body or ""), refused.value.body
+    assert not list_pods(kube, namespace)
+    assert scheduler.process.poll() is None, "the scheduler carries on"

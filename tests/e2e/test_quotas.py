@@ -146,6 +146,8 @@ def test_borrowed_gpus_are_reclaimed_when_their_owner_needs_them(
         assert sa["borrowed"]["gpus"] == 4 and sb["borrowed"]["gpus"] == 0
         assert proc.metric("gpupool_scheduler_quota_used", quota=qa, resource="gpus") == 12
         assert proc.metric("gpupool_scheduler_quota_borrowed", quota=qa, resource="gpus") == 4
+        assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="quota") == 4
+        assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="priority") == 0
     finally:
         if proc is not None:
             proc.stop()

@@ -72,7 +72,11 @@ class SchedulerMetrics:
             "(planned, no_plan, pdb_blocked: only pods a PodDisruptionBudget protects would do, failed: an eviction "
             "was refused)", ["result"], registry=r)
         self.preemption_victims = Counter(
-            "gpupool_scheduler_preemption_victims", "Pods evicted by preemption", registry=r)
+            "gpupool_scheduler_preemption_victims", "Pods evicted by preemption, by reason (priority: a pod of "
+            "higher priority; quota: its team's borrowed GPUs reclaimed by their GpuQuota's owner)", ["reason"],
+            registry=r)
+        for reason in ("priority", "quota"):
+            self.preemption_victims.labels(reason=reason)
         self.nominations = Gauge(
             "gpupool_scheduler_nominations", "Preemptors waiting for their victims to go (live nominations)",
             registry=r)

@@ -227,7 +227,7 @@ class Preemptor:
                     continue  # already gone: what it held is free (or held, if the watch saw it go)
                 self._abort(plan, targets[i:], exc, clear=True)
                 return
-            self.metrics.preemption_victims.inc()
+            self.metrics.preemption_victims.labels(reason="priority" if why == "of lower priority" else "quota").inc()
             self.recorder.record(
                 target.namespace, target.name, target.uid, "Warning", "Preempted",
                 f"Preempted by {plan.key} (priority {plan.priority}) on node {node} to make room for {what}"
