@@ -172,8 +172,14 @@ def test_twenty_interleaved_gangs_never_deadlock_and_never_bind_partially(
     while len(finished) < len(groups):
         assert time.monotonic() < deadline, f"only {len(finished)} of 20 gangs ran: {bound_by_group(kube, namespace)}"
         state = bound_by_group(kube, namespace)
-        partial = {g: v for g, v in state.items() if len(v) == 1}
-        assert not partial, f"gangs bound partially: {partial}"
+        # a gang's Bindings go out together but land one by one (and its deletion, too): a gang seen
+        # with one member bound must have both within seconds; one that stays at one is held partially
+        partial = sorted(g for g, v in state.items() if len(v) == 1 and g not in finished)
+        for group in partial:
+            wait_until(lambda group=group: len(bound_by_group(kube, namespace).get(group, [])) == 2, 10,
+                       f"gang {group} bound partially: its second member bound within seconds")
+        if partial:
+            continue
         running = sorted(g for g, v in state.items() if len(v) == 2)
         assert len(running) <= 3
         if running:

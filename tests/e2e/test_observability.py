@@ -156,7 +156,8 @@ def test_prometheus_scrapes_scheduler_and_plugins_and_every_panel_has_data(
         # relative to what is there now
         assert before["shared"] >= 1, before
         unhealthy_before = before.get("unhealthy", 0.0)
-        assert sum(before.values()) == 4 * len(plugins), before
+        total = sum(before.values())  # each GPU in exactly one state: the pool's, and other tests' nodes
+        assert total >= 4 * len(plugins), before
 
         # a kubelet asking for a device that does not exist: refused by the handshake (a real failure)
         node = plugins[0]
@@ -196,7 +197,7 @@ def test_prometheus_scrapes_scheduler_and_plugins_and_every_panel_has_data(
         # what the queries say matches what happened
         wait_until(lambda: gpu_states().get("unhealthy", 0.0) == unhealthy_before + 1, 30,
                    "the faulty GPU counted unhealthy, as scraped")
-        assert sum(gpu_states().values()) == 4 * len(plugins)
+        assert sum(gpu_states().values()) == total, "a GPU turning unhealthy moves between states, none is lost"
         age = prom.query('max by (priority) (gpupool_scheduler_pending_pods_oldest_age_seconds{priority="1000000"})')
         assert age and float(age[0]["value"][1]) > 0
         refused = prom.query("sum(gpupool_deviceplugin_handshake_failures_total)")

@@ -26,7 +26,7 @@ def test_watch_handlers_are_coroutines(service: SchedulerService) -> None:
     registry = build_registry(service)
     handlers = list(registry._watching.get_all_handlers())
     assert {h.selector.any_name for h in handlers if h.selector is not None} == {
-        "pods", "nodes", "priorityclasses", "poddisruptionbudgets", "podgroups"}
+        "pods", "nodes", "priorityclasses", "poddisruptionbudgets", "podgroups", "gpuquotas", "namespaces"}
     for h in handlers:
         assert inspect.iscoroutinefunction(h.fn), f"{h.id} would run on kopf's thread pool"
     assert not list(registry._changing.get_all_handlers()), "on.create/update/delete store state on objects"

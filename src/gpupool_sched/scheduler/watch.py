@@ -19,7 +19,6 @@ from gpupool_sched.scheduler.queue import ClusterEvent
 from gpupool_sched.scheduler.quotas import GROUP as QUOTA_GROUP
 from gpupool_sched.scheduler.quotas import PLURAL as QUOTA_PLURAL
 from gpupool_sched.scheduler.quotas import VERSION as QUOTA_VERSION
-from gpupool_sched.scheduler.quotas import QuotaBook
 from gpupool_sched.scheduler.service import SchedulerService
 
 log = logging.getLogger(__name__)
@@ -72,19 +71,15 @@ def build_registry(service: SchedulerService) -> kopf.OperatorRegistry:
     async def pod_group_event(event: kopf.RawEvent, **_: Any) -> None:
         service.on_pod_group(event.get("type"), event["object"])  # type: ignore[arg-type]
 
-    quotas = getattr(service, "quotas", None)  # a QuotaBook, once the service keeps one (docs/quotas.md)
-    if isinstance(quotas, QuotaBook):
-        book = quotas
+    @kopf.on.event(QUOTA_GROUP, QUOTA_VERSION, QUOTA_PLURAL, registry=registry)
+    async def quota_event(event: kopf.RawEvent, **_: Any) -> None:
+        service.quotas.on_quota(event.get("type"), event["object"])
+        service.queue.on_event(ClusterEvent.QUOTA_CHANGED)
 
-        @kopf.on.event(QUOTA_GROUP, QUOTA_VERSION, QUOTA_PLURAL, registry=registry)
-        async def quota_event(event: kopf.RawEvent, **_: Any) -> None:
-            book.on_quota(event.get("type"), event["object"])
-            service.queue.on_event(ClusterEvent.QUOTA_CHANGED)
-
-        @kopf.on.event("", "v1", "namespaces", registry=registry)
-        async def namespace_event(event: kopf.RawEvent, **_: Any) -> None:
-            book.on_namespace(event.get("type"), event["object"])
-            service.queue.on_event(ClusterEvent.QUOTA_CHANGED)
+    @kopf.on.event("", "v1", "namespaces", registry=registry)
+    async def namespace_event(event: kopf.RawEvent, **_: Any) -> None:
+        service.quotas.on_namespace(event.get("type"), event["object"])
+        service.queue.on_event(ClusterEvent.QUOTA_CHANGED)
 
     return registry
 
