@@ -9,6 +9,7 @@ GetPreferredAllocation and by the scheduler's placement policies, so both agree.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from itertools import combinations
 from math import comb
 
@@ -60,13 +61,21 @@ def best_gpu_set(
         raise ValueError(f"must_include has {len(must)} GPUs but only {size} are requested")
     if size > len(pool):
         raise ValueError(f"{size} GPUs requested but only {len(pool)} are available")
+    if size == len(must):
+        return must
+    return _search(topology, tuple(pool), size, must)
+
+
+# A placement policy asks this for every candidate node of every multi-GPU decision, and the nodes of a
+# cluster share a handful of (topology, free GPUs) combinations: the answer is remembered (one decision
+# for a 4-GPU pod on 1,000 empty dgx-h100 nodes: 109 ms before, 12 ms with it; docs/benchmarks.md).
+@lru_cache(maxsize=8192)
+def _search(topology: NodeTopology, pool: tuple[int, ...], size: int, must: tuple[int, ...]) -> tuple[int, ...]:
     free = [g for g in pool if g not in must]
     need = size - len(must)
-    if need == 0:
-        return must
     scores = _score_matrix(topology)
     if comb(len(free), need) <= EXHAUSTIVE_LIMIT:
-        return _exhaustive(scores, pool, free, need, must)
+        return _exhaustive(scores, list(pool), free, need, must)
     return _greedy(scores, free, need, must)
 
 

@@ -128,3 +128,14 @@ def test_exhaustive_result_is_optimal(data) -> None:
     assert len(chosen) == size and set(must) <= set(chosen) <= set(available)
     best = max(set_score(t, c) for c in combinations(sorted(available), size) if set(must) <= set(c))
     assert set_score(t, chosen) == best
+
+
+def test_remembered_answers_are_the_searchs_answers() -> None:
+    """best_gpu_set remembers answers per (topology, free GPUs, size): the same as searching afresh."""
+    t = nvlink_pairs()
+    for size in (1, 2, 3, 4):
+        for pool in combinations(range(8), 6):
+            remembered = best_gpu_set(t, pool, size)
+            assert remembered == best_gpu_set(t, list(pool), size)
+            assert remembered == topo._search.__wrapped__(t, tuple(pool), size, ())
+    assert topo._search.cache_info().hits > 0
