@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import watch
 from scheduler_harness import (
     add_pool_nodes,
     assert_no_oversubscription,
@@ -56,13 +57,21 @@ def test_sigkill_mid_burst_then_restart_allocates_nothing_twice(
     name = unique("restart")
     manifests = _burst(name, small_pool, 48)  # 16 whole GPUs, 160 units, 16 of the 18 1g.10gb slices
     create_pods(kube.core, namespace, manifests, concurrency=16)
-    first = start_scheduler(kube, name, log_dir)
-
-    def some_bound() -> bool:
-        return sum(1 for p in list_pods(kube, namespace) if p["spec"].get("nodeName")) >= 5
-
-    wait_until(some_bound, 60, "the first binds", interval=0.05)
-    first.kill()  # SIGKILL: binds in flight are cut wherever they are
+    first = start_scheduler(kube, name, log_dir, ready=False)
+    # a watch, not a LIST poll: a burst of 48 binds can finish between two polls
+    bound: set[str] = set()
+    stream = watch.Watch()
+    for event in stream.stream(kube.core.list_namespaced_pod, namespace, timeout_seconds=60):
+        obj = event["object"]
+        if obj.spec.node_name:
+            bound.add(obj.metadata.name)
+        if len(bound) >= 3:
+            first.kill()  # SIGKILL: binds in flight are cut wherever they are
+            stream.stop()
+            break
+    else:
+        first.kill()
+        raise AssertionError("the first binds did not come within 60 s")
     bound_at_kill = sum(1 for p in list_pods(kube, namespace) if p["spec"].get("nodeName"))
     second = start_scheduler(kube, name, log_dir)
     try:
