@@ -21,13 +21,13 @@ from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.preemption import RunningPod
 from gpupool_sched.placement.quota import Amount
 from gpupool_sched.scheduler.kubeapi import KubeApi
+from gpupool_sched.scheduler.labelselector import LabelSelector
 from gpupool_sched.scheduler.podspec import PodPlan
 from gpupool_sched.scheduler.quotas import (
     GROUP,
     PLURAL,
     VERSION,
     InvalidQuota,
-    LabelSelector,
     QuotaBook,
     parse_quota,
 )

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
+
+from .test_cli import kubeconfig, unused_port
 
 BIN = Path(sys.executable).parent
 SCRIPTS = {"gpupool": "gpupool status", "kubectl-gpupool": "kubectl gpupool status"}
@@ -20,23 +20,6 @@ def run(script: str, *args: str, kubeconfig_env: Path | None = None) -> subproce
     if kubeconfig_env is not None:
         env["KUBECONFIG"] = str(kubeconfig_env)
     return subprocess.run([str(BIN / script), "status", *args], capture_output=True, text=True, timeout=60, env=env)
-
-
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def kubeconfig(tmp_path: Path, server: str) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))
-    return path
 
 
 def one_error_line(result: subprocess.CompletedProcess[str], prog: str) -> str:

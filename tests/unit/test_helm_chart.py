@@ -19,8 +19,8 @@ CHART = repo_root() / "deploy" / "helm" / "gpupool"
 def helm(*args: str) -> subprocess.CompletedProcess[str]:
     try:
         binary = helm_binary()
-    except DevClusterError as exc:
-        pytest.skip(str(exc))  # `make test` builds it first (make cluster-bins)
+    except DevClusterError as exc:  # `make test` builds it first (make cluster-bins): missing is a failure
+        pytest.fail(str(exc), pytrace=False)
     return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=60)
 
 

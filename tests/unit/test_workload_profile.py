@@ -260,3 +260,12 @@ def test_only_the_primary_shape_of_a_multi_shape_pod_counts():
     profile = WorkloadProfile.from_requests([pod], memory_to_milli=lambda mib: memory_share_milli(mib, 40_960))
     assert shapes(profile) == {(8000, 1000, 2): 1}
     assert profile.cpu_per_gpu_milli == pytest.approx(8000 / 2000)
+
+
+def test_rolling_profile_follows_the_live_clusters_typical_gpu_memory():
+    rolling = RollingProfile()
+    rolling.node_changed("a", gpu_node("a", 8, gpu_mem=81_920))
+    rolling.node_changed("b", gpu_node("b", 2, gpu_mem=40_960))
+    assert rolling.typical_gpu_memory_mib == 81_920
+    rolling.node_changed("a", None)
+    assert rolling.typical_gpu_memory_mib == 40_960

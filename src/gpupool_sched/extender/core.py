@@ -25,7 +25,7 @@ from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.registry import POLICIES, build_policy
-from gpupool_sched.placement.workload import GpuMemorySizes, RollingProfile, forget_profile
+from gpupool_sched.placement.workload import RollingProfile, forget_profile
 from gpupool_sched.scheduler.binder import Binder, BindOutcome
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.podspec import InvalidPod
@@ -74,7 +74,6 @@ class Extender:
         self.state = ClusterState(config.scheduler_name, memory_unit_mib=config.memory_unit_mib,
                                   gate_timeout_s=config.gate_timeout_s, confirm_ttl_s=config.confirm_ttl_s)
         self.profile = RollingProfile(window=config.profile_window)
-        self._memory_sizes = GpuMemorySizes()
         self._policy: Policy | None = None
         self._policy_version = -1
         self._profile_in_use: WorkloadProfile | None = None
@@ -158,16 +157,7 @@ class Extender:
 
     # ---- watch events ------------------------------------------------------------------------------
     def on_priority_class(self, kind: str | None, obj: dict[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name")
-        if not name:
-            return
-        if kind == "DELETED":
-            self.state.priority_classes.pop(name, None)
-            return
-        try:
-            self.state.priority_classes[name] = int(obj.get("value", 0))
-        except (TypeError, ValueError):
-            log.warning("PriorityClass %s has a non-integer value", name)
+        self.state.apply_priority_class(kind, obj)
 
     def on_node(self, kind: str | None, obj: dict[str, Any]) -> None:
         name = (obj.get("metadata") or {}).get("name")
@@ -175,12 +165,9 @@ class Extender:
             return
         if kind == "DELETED":
             self.state.delete_node(name)
-            self._memory_sizes.update(name, None)
+            self.profile.node_changed(name, None)
         elif self.state.apply_node(obj) is not None:
-            self._memory_sizes.update(name, self.state.node_spec(name))
-        else:
-            return
-        self.profile.typical_gpu_memory_mib = self._memory_sizes.typical()
+            self.profile.node_changed(name, self.state.node_spec(name))
 
     def on_pod(self, kind: str | None, obj: dict[str, Any]) -> None:
         uid = str((obj.get("metadata") or {}).get("uid") or "")

@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpupool_sched.scheduler.endpoints import health_routes
 
 from .core import Extender, NotReady
 from .protocol import BadRequest, parse_binding_args, parse_extender_args, parse_preemption_args
@@ -87,16 +88,6 @@ def build_app(extender: Extender, *, max_body_bytes: int = MAX_BODY_BYTES,
     async def preempt_verb(data: Any) -> Any:
         return extender.preempt(parse_preemption_args(data))
 
-    async def metrics_page(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def readyz(_: web.Request) -> web.Response:
-        ready, why = extender.readiness()
-        return web.Response(text=why + "\n", status=200 if ready else 503)
-
     # aiohttp's own limit stops a chunked body that never says its length; ours answers the declared one
     app = web.Application(client_max_size=max_body_bytes)
     app.add_routes([
@@ -104,28 +95,15 @@ def build_app(extender: Extender, *, max_body_bytes: int = MAX_BODY_BYTES,
         web.post("/prioritize", endpoint("prioritize", prioritize_verb)),
         web.post("/bind", endpoint("bind", bind_verb)),
         web.post("/preempt", endpoint("preempt", preempt_verb)),
-        web.get("/metrics", metrics_page),
-        web.get("/healthz", healthz),
-        web.get("/readyz", readyz),
+        *health_routes(metrics.registry, extender.readiness),
     ])
     return app
 
 
 def observability_app(extender: Extender) -> web.Application:
     """/metrics, /healthz and /readyz alone, for a separate --metrics-port."""
-    async def metrics_page(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(extender.metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def readyz(_: web.Request) -> web.Response:
-        ready, why = extender.readiness()
-        return web.Response(text=why + "\n", status=200 if ready else 503)
-
     app = web.Application()
-    app.add_routes([web.get("/metrics", metrics_page), web.get("/healthz", healthz), web.get("/readyz", readyz)])
+    app.add_routes(health_routes(extender.metrics.registry, extender.readiness))
     return app
 
 

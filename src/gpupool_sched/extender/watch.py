@@ -5,12 +5,11 @@ objects; docs/scheduler.md explains each)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import kopf
 
-from gpupool_sched.scheduler.watch import NoDiffBase, connection_info
+from gpupool_sched.scheduler.watch import configure, connection_info, quiet_kopf_logs
 
 from .core import Extender
 
@@ -20,15 +19,7 @@ def build_registry(extender: Extender) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.posting.enabled = False
-        settings.peering.standalone = True
-        settings.scanning.disabled = True
-        settings.queueing.worker_limit = None
-        settings.watching.server_timeout = 300
-        settings.watching.client_timeout = 330
-        settings.watching.reconnect_backoff = 0.5
-        settings.networking.request_timeout = 60
-        settings.persistence.diffbase_storage = NoDiffBase()
+        configure(settings)
         try:
             await extender.start()
         except Exception as exc:
@@ -58,6 +49,5 @@ def build_registry(extender: Extender) -> kopf.OperatorRegistry:
 
 
 async def run_operator(extender: Extender, stop: asyncio.Event) -> None:
-    for name in ("kopf.objects", "kopf.activities.startup", "kopf.activities.cleanup"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_kopf_logs()
     await kopf.operator(registry=build_registry(extender), standalone=True, clusterwide=True, stop_flag=stop)

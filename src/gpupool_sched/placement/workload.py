@@ -143,6 +143,7 @@ class RollingProfile:
         self.refresh_every = refresh_every
         self.typical_gpu_memory_mib = typical_gpu_memory_mib
         self.spec_of = spec_of
+        self._memory_sizes = GpuMemorySizes()
         self._window: deque[PodRequest] = deque(maxlen=window)
         self._seen = 0
         self._since_refresh = 0
@@ -167,6 +168,12 @@ class RollingProfile:
     def profile(self) -> WorkloadProfile:
         """The current profile: the same object until a refresh changes it."""
         return self._profile
+
+    def node_changed(self, name: str, node: NodeSpec | None) -> None:
+        """A live cluster's node was added, changed or (None) removed: ``typical_gpu_memory_mib`` follows,
+        so that memory shares enter the task classes as milli-GPU of the cluster's typical GPU."""
+        self._memory_sizes.update(name, node)
+        self.typical_gpu_memory_mib = self._memory_sizes.typical()
 
     def observe(self, request: PodRequest) -> None:
         """One pod seen: it enters the window (the oldest leaves); may refresh the profile."""

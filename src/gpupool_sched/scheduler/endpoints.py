@@ -3,26 +3,32 @@ which kopf already brings)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpupool_sched.scheduler.service import SchedulerService
 
 
-async def start_endpoints(service: SchedulerService, port: int, host: str = "0.0.0.0") -> web.AppRunner:
+def health_routes(registry: CollectorRegistry, readiness: Callable[[], tuple[bool, str]]) -> list[web.RouteDef]:
+    """`/metrics` of `registry`, `/healthz` (the process answers), `/readyz` (200 when `readiness()` says so)."""
     async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(service.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
-        ready, why = service.readiness()
+        ready, why = readiness()
         return web.Response(text=why + "\n", status=200 if ready else 503)
 
+    return [web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz)]
+
+
+async def start_endpoints(service: SchedulerService, port: int, host: str = "0.0.0.0") -> web.AppRunner:
     app = web.Application()
-    app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz)])
+    app.add_routes(health_routes(service.metrics.registry, service.readiness))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -20,6 +20,7 @@ from typing import Any
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.preemption import Preemption, RunningPod
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
+from gpupool_sched.scheduler.labelselector import LabelSelector
 from gpupool_sched.scheduler.metrics import SchedulerMetrics
 from gpupool_sched.scheduler.podspec import PodPlan
 from gpupool_sched.scheduler.queue import ClusterEvent, SchedulingQueue
@@ -52,33 +53,11 @@ def asks(request: PodRequest) -> str:
 @dataclass(frozen=True, slots=True)
 class Budget:
     namespace: str
-    labels: tuple[tuple[str, str], ...]  # matchLabels
-    expressions: tuple[tuple[str, str, frozenset[str]], ...]  # matchExpressions: key, operator, values
-    selects_all: bool  # selector {}: every pod of the namespace (policy/v1)
+    selector: LabelSelector | None  # None: a null selector, which selects nothing
     disruptions_allowed: int
 
     def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
-        if namespace != self.namespace:
-            return False
-        if self.selects_all:
-            return True
-        if not (self.labels or self.expressions):
-            return False  # a null selector selects nothing
-        if any(labels.get(k) != v for k, v in self.labels):
-            return False
-        for key, op, values in self.expressions:
-            have = key in labels
-            if op == "In" and not (have and labels[key] in values):
-                return False
-            if op == "NotIn" and have and labels[key] in values:
-                return False
-            if op == "Exists" and not have:
-                return False
-            if op == "DoesNotExist" and have:
-                return False
-            if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
-                return False
-        return True
+        return namespace == self.namespace and self.selector is not None and self.selector.matches(labels)
 
 
 def parse_budget(obj: Mapping[str, Any]) -> Budget | None:
@@ -90,7 +69,7 @@ def parse_budget(obj: Mapping[str, Any]) -> Budget | None:
     try:
         allowed = int(status.get("disruptionsAllowed") or 0)
         if not isinstance(selector, Mapping):
-            return Budget(namespace, (), (), False, allowed)
+            return Budget(namespace, None, allowed)
         labels = tuple(sorted((str(k), str(v)) for k, v in (selector.get("matchLabels") or {}).items()))
         expressions = tuple(
             (str(e.get("key")), str(e.get("operator")), frozenset(str(v) for v in e.get("values") or ()))
@@ -99,7 +78,7 @@ def parse_budget(obj: Mapping[str, Any]) -> Budget | None:
     except (AttributeError, TypeError, ValueError):
         log.warning("PodDisruptionBudget %s/%s is malformed; ignored", namespace, meta.get("name"))
         return None
-    return Budget(namespace, labels, expressions, not labels and not expressions, allowed)
+    return Budget(namespace, LabelSelector(labels, expressions), allowed)
 
 
 class DisruptionBudgets:
@@ -123,9 +102,7 @@ class DisruptionBudgets:
             return before is not None
         self.budgets[key] = budget
         return before is not None and (budget.disruptions_allowed > before.disruptions_allowed
-                                       or budget.selects_all != before.selects_all
-                                       or budget.labels != before.labels
-                                       or budget.expressions != before.expressions)
+                                       or budget.selector != before.selector)
 
     def blocked(self, namespace: str, labels: Mapping[str, str]) -> bool:
         return any(b.disruptions_allowed <= 0 and b.selects(namespace, labels) for b in self.budgets.values())

@@ -41,6 +41,7 @@ from gpupool_sched.placement.quota import (
     total,
 )
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi, now_rfc3339
+from gpupool_sched.scheduler.labelselector import LabelSelector
 from gpupool_sched.scheduler.state import ClusterState, Phase
 
 if TYPE_CHECKING:
@@ -62,29 +63,6 @@ class InvalidQuota(ValueError):
 
 
 # ---- the object ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class LabelSelector:
-    """A metav1.LabelSelector, validated. Empty (`{}`) selects every namespace."""
-
-    match_labels: tuple[tuple[str, str], ...] = ()
-    expressions: tuple[tuple[str, str, frozenset[str]], ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if any(labels.get(k) != v for k, v in self.match_labels):
-            return False
-        for key, op, values in self.expressions:
-            have = key in labels
-            if op == "In" and not (have and labels[key] in values):
-                return False
-            if op == "NotIn" and have and labels[key] in values:
-                return False
-            if op == "Exists" and not have:
-                return False
-            if op == "DoesNotExist" and have:
-                return False
-        return True
-
 
 @dataclass(frozen=True, slots=True)
 class QuotaSpec:

@@ -29,7 +29,7 @@ from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragmentation_milli
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.registry import POLICIES, build_policy
-from gpupool_sched.placement.workload import GpuMemorySizes, RollingProfile, forget_profile
+from gpupool_sched.placement.workload import RollingProfile, forget_profile
 from gpupool_sched.scheduler.binder import Binder, BindOutcome
 from gpupool_sched.scheduler.cycle import Cycle
 from gpupool_sched.scheduler.gangs import GROUP, PLURAL, PODGROUPS, VERSION, Gangs, group_of
@@ -102,7 +102,6 @@ class SchedulerService:
         )
         self.queue = SchedulingQueue()
         self.profile = RollingProfile(window=config.profile_window)
-        self._memory_sizes = GpuMemorySizes()
         self._policy: Policy | None = None
         self._policy_version = -1
         self._profile_in_use: WorkloadProfile | None = None
@@ -216,19 +215,7 @@ class SchedulerService:
 
     # ---- watch events (called by kopf handlers and by resync) ------------------------------------
     def on_priority_class(self, kind: str | None, obj: dict[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name")
-        if not name:
-            return
-        self.state.non_preempting_classes.discard(name)
-        if kind == "DELETED":
-            self.state.priority_classes.pop(name, None)
-        else:
-            if obj.get("preemptionPolicy") == "Never":
-                self.state.non_preempting_classes.add(name)
-            try:
-                self.state.priority_classes[name] = int(obj.get("value", 0))
-            except (TypeError, ValueError):
-                log.warning("PriorityClass %s has a non-integer value", name)
+        self.state.apply_priority_class(kind, obj)
 
     def on_pdb(self, kind: str | None, obj: dict[str, Any]) -> None:
         if self.budgets.apply(kind, obj):
@@ -252,16 +239,13 @@ class SchedulerService:
         if kind == "DELETED":
             self.state.delete_node(name)
             self.metrics.nodes.set(len(self.state.nodes))
-            self._memory_sizes.update(name, None)
-            self.profile.typical_gpu_memory_mib = self._memory_sizes.typical()
+            self.profile.node_changed(name, None)
             return
         event = self.state.apply_node(obj)
         if event is not None:
             self.metrics.nodes.set(len(self.state.nodes))
             self.queue.on_event(event)
-            # memory shares enter FGD's task classes as milli-GPU of the cluster's typical GPU
-            self._memory_sizes.update(name, self.state.node_spec(name))
-            self.profile.typical_gpu_memory_mib = self._memory_sizes.typical()
+            self.profile.node_changed(name, self.state.node_spec(name))
 
     def on_pod(self, kind: str | None, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}

@@ -183,6 +183,22 @@ class ClusterState:
         return plan_pod(obj, self.facts, self.priority_classes)
 
     # ---- nodes -----------------------------------------------------------------------------------
+    def apply_priority_class(self, kind: str | None, obj: Mapping[str, Any]) -> None:
+        """A PriorityClass was listed, added, changed or deleted: its value and preemption policy."""
+        name = (obj.get("metadata") or {}).get("name")
+        if not name:
+            return
+        self.non_preempting_classes.discard(name)
+        if kind == "DELETED":
+            self.priority_classes.pop(name, None)
+            return
+        if obj.get("preemptionPolicy") == "Never":
+            self.non_preempting_classes.add(name)
+        try:
+            self.priority_classes[name] = int(obj.get("value", 0))
+        except (TypeError, ValueError):
+            log.warning("PriorityClass %s has a non-integer value", name)
+
     def apply_node(self, obj: Mapping[str, Any]) -> ClusterEvent | None:
         """A node was listed, added or changed; returns the queue event it amounts to, if any."""
         meta = obj.get("metadata") or {}

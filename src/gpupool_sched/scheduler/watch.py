@@ -29,15 +29,7 @@ def build_registry(service: SchedulerService) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.posting.enabled = False
-        settings.peering.standalone = True
-        settings.scanning.disabled = True  # no CRD/namespace scans: RBAC stays what the scheduler uses
-        settings.queueing.worker_limit = None
-        settings.watching.server_timeout = 300
-        settings.watching.client_timeout = 330
-        settings.watching.reconnect_backoff = 0.5
-        settings.networking.request_timeout = 60
-        settings.persistence.diffbase_storage = NoDiffBase()
+        configure(settings)
         try:
             await service.start()
         except Exception as exc:  # kopf would retry the activity forever; a scheduler that cannot start exits
@@ -99,6 +91,25 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
+def configure(settings: kopf.OperatorSettings) -> None:
+    """What the scheduler and the extender ask of kopf: watch only, nothing written to objects."""
+    settings.posting.enabled = False
+    settings.peering.standalone = True
+    settings.scanning.disabled = True  # no CRD/namespace scans: RBAC stays what the scheduler uses
+    settings.queueing.worker_limit = None
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.reconnect_backoff = 0.5
+    settings.networking.request_timeout = 60
+    settings.persistence.diffbase_storage = NoDiffBase()
+
+
+def quiet_kopf_logs() -> None:
+    """kopf logs every handled event and activity at INFO; the scheduler logs what matters itself."""
+    for name in ("kopf.objects", "kopf.activities.startup", "kopf.activities.cleanup"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def connection_info(cfg: Any) -> kopf.ConnectionInfo:
     """kopf's credentials from the kubernetes client's configuration (whatever file or in-cluster
     account it was loaded from), so both talk to the same server as the same user."""
@@ -120,8 +131,7 @@ def connection_info(cfg: Any) -> kopf.ConnectionInfo:
 
 async def run_operator(service: SchedulerService, stop: asyncio.Event) -> None:
     """kopf's operator, cluster-wide, until `stop` is set."""
-    for name in ("kopf.objects", "kopf.activities.startup", "kopf.activities.cleanup"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_kopf_logs()
     await kopf.operator(
         registry=build_registry(service),
         standalone=True,

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from gpupool_sched.errors import OneLineParser, UserError
+from gpupool_sched.scheduler.cli import _positive
 
 NEEDS = "get/list on nodes, pods and priorityclasses.scheduling.k8s.io"
 
@@ -25,16 +26,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table", help="table (80 columns) or json")
@@ -44,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only nodes matching this label selector (e.g. pool=train); figures cover those nodes")
     p.add_argument("--scheduler-name", default="gpupool",
                    help="pending pods with this spec.schedulerName count (besides any asking for a GPU)")
-    p.add_argument("--memory-unit-mib", type=_positive_int, default=1024,
+    p.add_argument("--memory-unit-mib", type=_positive(int), default=1024,
                    help="MiB per nvidia.com/gpu-memory unit; the scheduler's --memory-unit-mib")
 
 
