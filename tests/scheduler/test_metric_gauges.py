@@ -66,3 +66,29 @@ def test_oldest_created_by_priority_covers_waiting_and_in_flight_pods() -> None:
     queue.delete("b")
     queue.delete("c")
     assert queue.oldest_created_by_priority() == {100: 1000.0}
+
+
+def test_per_node_gauges_follow_bound_pods_and_drop_removed_nodes() -> None:
+    from kubernetes import client
+
+    from gpupool_sched.scheduler.kubeapi import KubeApi
+    from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
+
+    service = SchedulerService(SchedulerConfig(), KubeApi(client.ApiClient(client.Configuration())))
+    service.on_node("ADDED", node_obj("n1"))
+    service.on_node("ADDED", node_obj("n2"))
+    bound = pod_obj("train", gpus=2, node="n1", phase="Running")
+    service.on_pod("ADDED", bound)
+
+    def series() -> dict[str, float]:
+        text = generate_latest(service.metrics.registry).decode().splitlines()
+        return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text
+                if line.startswith("gpupool_scheduler_node_gpus_bound{")}
+
+    service._gauges(full=True)
+    assert series() == {'gpupool_scheduler_node_gpus_bound{node="n1"}': 2.0,
+                        'gpupool_scheduler_node_gpus_bound{node="n2"}': 0.0}
+    service.on_pod("DELETED", bound)
+    service.on_node("DELETED", node_obj("n2"))
+    service._gauges(full=True)
+    assert series() == {'gpupool_scheduler_node_gpus_bound{node="n1"}': 0.0}

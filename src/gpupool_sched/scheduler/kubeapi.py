@@ -1,9 +1,11 @@
 """Every call the scheduler makes to the API server (the kopf watch aside).
 
-The `kubernetes` client is synchronous, so calls run on a bounded thread pool and are awaited from
-the event loop: the cycle never waits on an API round trip, and many binds are in flight at once.
-Hot paths work on raw JSON (`_preload_content=False`); building the client's model objects for
-thousands of pods costs more than the calls themselves.
+Writes (Bindings, Events, status patches, evictions) go out from the event loop through
+`transport.AsyncTransport`: the cycle never waits on an API round trip, many binds are in flight at
+once, and no thread competes with the loop for the GIL. The few reads (the start-up LISTs, the
+leader's Lease) use the synchronous `kubernetes` client on a small thread pool, on raw JSON
+(`_preload_content=False`): building the client's model objects for thousands of pods costs more
+than the calls themselves.
 """
 
 from __future__ import annotations
@@ -19,39 +21,12 @@ from typing import Any, TypeVar
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpupool_sched.scheduler.apierror import ApiError
+from gpupool_sched.scheduler.transport import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, AsyncTransport, path
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 REQUEST_TIMEOUT_S = 15
-
-
-class ApiError(Exception):
-    """A failed API call: HTTP status (0: no answer) and the server's message."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-    @classmethod
-    def from_exception(cls, exc: Exception) -> ApiError:
-        if isinstance(exc, ApiException):
-            message = exc.reason or ""
-            try:
-                body = json.loads(exc.body or "{}")
-                message = body.get("message") or message
-                reason = body.get("reason") or exc.reason or "Error"
-            except (ValueError, AttributeError):
-                reason = exc.reason or "Error"
-            return cls(int(exc.status or 0), str(reason), str(message))
-        return cls(0, type(exc).__name__, str(exc))
-
-    @property
-    def kind(self) -> str:
-        """A short label for metrics: conflict, not_found, forbidden, timeout, server, other."""
-        return {409: "conflict", 404: "not_found", 403: "forbidden", 422: "invalid", 429: "throttled"}.get(
-            self.status, "server" if self.status >= 500 else ("unreachable" if self.status == 0 else "other")
-        )
 
 
 def now_rfc3339(micro: bool = False) -> str:
@@ -67,10 +42,16 @@ class KubeApi:
         self.custom = client.CustomObjectsApi(api_client)
         self.component = component
         self.identity = component
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubeapi")
+        self.transport = AsyncTransport(api_client.configuration, limit=workers, timeout_s=REQUEST_TIMEOUT_S,
+                                        user_agent=component)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def aclose(self) -> None:
+        """Close the write connections (on the loop that used them)."""
+        await self.transport.close()
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -81,18 +62,9 @@ class KubeApi:
         except Exception as exc:  # urllib3 errors and the like
             raise ApiError.from_exception(exc) from None
 
-    async def write(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """A write whose answer is not needed: the raw response is drained and its connection handed
-        back to the pool in the worker thread (an unreleased one costs a new TLS handshake per call)."""
-
-        def send() -> None:
-            resp = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
-            try:
-                resp.drain_conn()
-            finally:
-                resp.release_conn()
-
-        await self.call(send)
+    async def write(self, method: str, api_path: str, body: Mapping[str, Any], content_type: str = JSON) -> None:
+        """A write whose answer is not needed, sent from the event loop; ApiError on failure."""
+        await self.transport.request(method, api_path, body, content_type)
 
     # ---- reads ---------------------------------------------------------------------------------
     def list_raw_sync(
@@ -144,7 +116,7 @@ class KubeApi:
             "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": dict(annotations)},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        await self.write(self.core.create_namespaced_binding, namespace, body)
+        await self.write("POST", path("api", "v1", "namespaces", namespace, "bindings"), body)
 
     async def post_event(
         self, pod: Mapping[str, str], *, kind: str, reason: str, message: str, action: str = "Scheduling",
@@ -171,7 +143,7 @@ class KubeApi:
             "lastTimestamp": now,
             "count": 1,
         }
-        await self.write(self.core.create_namespaced_event, pod["namespace"], body)
+        await self.write("POST", path("api", "v1", "namespaces", pod["namespace"], "events"), body)
 
     async def set_unschedulable(self, namespace: str, name: str, message: str) -> None:
         """PodScheduled=False, reason Unschedulable: what `kubectl describe` and autoscalers read."""
@@ -179,8 +151,7 @@ class KubeApi:
             "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
             "message": message[:1024], "lastTransitionTime": now_rfc3339(),
         }]}}
-        await self.write(self.core.patch_namespaced_pod_status, name, namespace, patch,
-                         _content_type="application/strategic-merge-patch+json")
+        await self.write("PATCH", _pod_path(namespace, name, "status"), patch, STRATEGIC_MERGE_PATCH)
 
     async def evict(self, namespace: str, name: str, uid: str, grace_s: int | None) -> None:
         """POST a policy/v1 Eviction (a 429 ApiError: a PodDisruptionBudget forbids it now). The UID
@@ -190,28 +161,27 @@ class KubeApi:
             options["gracePeriodSeconds"] = grace_s
         body = {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": name, "namespace": namespace}, "deleteOptions": options}
-        await self.write(self.core.create_namespaced_pod_eviction, name, namespace, body)
+        await self.write("POST", _pod_path(namespace, name, "eviction"), body)
 
     async def set_nominated_node(self, namespace: str, name: str, node: str | None) -> None:
         """status.nominatedNodeName (None clears it), by a merge patch of the status."""
-        await self.write(self.core.patch_namespaced_pod_status, name, namespace,
-                         {"status": {"nominatedNodeName": node}}, _content_type="application/merge-patch+json")
+        await self.write("PATCH", _pod_path(namespace, name, "status"), {"status": {"nominatedNodeName": node}},
+                         MERGE_PATCH)
 
     async def patch_custom_status(
         self, group: str, version: str, plural: str, namespace: str, name: str, status: Mapping[str, Any]
     ) -> None:
         """Merge-patch the status subresource of a namespaced custom object (e.g. a PodGroup)."""
-        api = client.CustomObjectsApi(self.api_client)
-        await self.write(api.patch_namespaced_custom_object_status, group, version, namespace, plural, name,
-                         {"status": dict(status)}, _content_type="application/merge-patch+json")
+        await self.write("PATCH", path("apis", group, version, "namespaces", namespace, plural, name, "status"),
+                         {"status": dict(status)}, MERGE_PATCH)
 
     async def patch_cluster_custom_status(
         self, group: str, version: str, plural: str, name: str, status: Mapping[str, Any]
     ) -> None:
         """Merge-patch the status subresource of the cluster-scoped custom resource `name` (lists in
         `status` replace the stored ones whole)."""
-        await self.write(self.custom.patch_cluster_custom_object_status, group, version, plural, name,
-                         {"status": dict(status)}, _content_type="application/merge-patch+json")
+        await self.write("PATCH", path("apis", group, version, plural, name, "status"), {"status": dict(status)},
+                         MERGE_PATCH)
 
     # ---- leases (leader election) ---------------------------------------------------------------
     def read_lease_sync(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -233,3 +203,7 @@ class KubeApi:
             resp = self.coordination.replace_namespaced_lease(name, namespace, lease, _preload_content=False,
                                                               _request_timeout=REQUEST_TIMEOUT_S)
         return json.loads(resp.data)
+
+
+def _pod_path(namespace: str, name: str, subresource: str) -> str:
+    return path("api", "v1", "namespaces", namespace, "pods", name, subresource)

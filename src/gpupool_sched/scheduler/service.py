@@ -64,7 +64,7 @@ class SchedulerConfig:
     gate_timeout_s: float = 30.0
     confirm_ttl_s: float = 60.0
     bind_workers: int = 16
-    event_workers: int = 4  # of the bind_workers API threads, at most this many post Events
+    event_workers: int = 4  # of the bind_workers connections, at most this many post Events
     leader_elect: bool = False
     lease_namespace: str = "kube-system"
     lease_name: str = "gpupool-scheduler"
@@ -126,6 +126,7 @@ class SchedulerService:
         self.quotas = QuotaBook(self.state, self.metrics.registry)
         self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
         self._ended: dict[str, str] = {}  # UID -> Succeeded/Failed, for gang members (PodGroup status)
+        self._node_gauges: dict[str, tuple[Any, Any]] = {}  # node -> its gpus_bound, memory_units_bound children
         self._observed: set[str] = set()  # UIDs whose request entered the workload profile
         self.decisions = 0
 
@@ -561,11 +562,17 @@ class SchedulerService:
         by_state = gpu_states(self.state)
         for state in GPU_STATES:
             m.cluster_gpus.labels(state=state).set(by_state.get(state, 0))
-        m.gpus_bound.clear()
-        m.memory_units_bound.clear()
+        children = self._node_gauges  # labels() per node and tick would cost more than the rest together
+        for node in [n for n in children if n not in self.state.nodes]:
+            del children[node]
+            m.gpus_bound.remove(node)
+            m.memory_units_bound.remove(node)
         for node in self.state.nodes:
-            m.gpus_bound.labels(node=node).set(gpus.get(node, 0))
-            m.memory_units_bound.labels(node=node).set(units.get(node, 0))
+            pair = children.get(node)
+            if pair is None:
+                pair = children[node] = (m.gpus_bound.labels(node=node), m.memory_units_bound.labels(node=node))
+            pair[0].set(gpus.get(node, 0))
+            pair[1].set(units.get(node, 0))
         snap = self.state.snapshot
         total = snap.total_gpu_milli
         if total:

@@ -1,0 +1,121 @@
+"""The scheduler's write path (AsyncTransport) against a real HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+import pytest
+from aiohttp import web
+from kubernetes import client
+
+from gpupool_sched.scheduler.apierror import ApiError
+from gpupool_sched.scheduler.kubeapi import KubeApi
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """Records every request; answers with the next canned (status, body), else 201 {}."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self.answers: list[tuple[int, dict[str, Any]]] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.seen.append({"method": request.method, "path": request.raw_path, "headers": dict(request.headers),
+                          "body": json.loads(await request.read())})
+        status, body = self.answers.pop(0) if self.answers else (201, {})
+        return web.json_response(body, status=status)
+
+
+async def _with_server(test: Any) -> None:
+    server = Server()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", server.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = _free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    refreshed: list[int] = []
+    cfg = client.Configuration(host=f"http://127.0.0.1:{port}")
+    cfg.api_key = {"BearerToken": "token-0"}
+    cfg.api_key_prefix = {"BearerToken": "Bearer"}
+
+    def refresh(c: client.Configuration) -> None:  # a rotating token, as in-cluster
+        refreshed.append(1)
+        c.api_key["BearerToken"] = f"token-{len(refreshed)}"
+
+    cfg.refresh_api_key_hook = refresh
+    api = KubeApi(client.ApiClient(cfg), component="gpupool-test")
+    try:
+        await test(api, server)
+    finally:
+        await api.aclose()
+        api.close()
+        await runner.cleanup()
+
+
+def test_writes_carry_method_path_content_type_body_and_a_fresh_token() -> None:
+    async def test(api: KubeApi, server: Server) -> None:
+        await api.bind("team-a", "p-1", "uid-1", "node-7", {"gpupool.io/assignment": "{}"})
+        await api.set_unschedulable("team-a", "p-1", "0/3 nodes are available")
+        await api.evict("team-a", "p 2", "uid-2", 30)
+        await api.patch_custom_status("scheduling.x-k8s.io", "v1alpha1", "podgroups", "team-a", "g",
+                                      {"phase": "Running"})
+        bind, status, evict, group = server.seen
+        assert (bind["method"], bind["path"]) == ("POST", "/api/v1/namespaces/team-a/bindings")
+        assert bind["body"]["target"] == {"apiVersion": "v1", "kind": "Node", "name": "node-7"}
+        assert bind["body"]["metadata"]["uid"] == "uid-1"
+        assert bind["headers"]["Content-Type"] == "application/json"
+        assert bind["headers"]["User-Agent"] == "gpupool-test"
+        assert (status["method"], status["path"]) == ("PATCH", "/api/v1/namespaces/team-a/pods/p-1/status")
+        assert status["headers"]["Content-Type"] == "application/strategic-merge-patch+json"
+        assert status["body"]["status"]["conditions"][0]["reason"] == "Unschedulable"
+        assert evict["path"] == "/api/v1/namespaces/team-a/pods/p%202/eviction"
+        assert evict["body"]["deleteOptions"] == {"preconditions": {"uid": "uid-2"}, "gracePeriodSeconds": 30}
+        assert group["path"] == "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/team-a/podgroups/g/status"
+        assert group["headers"]["Content-Type"] == "application/merge-patch+json"
+        # the token is asked for per request, so a rotated one is used at once
+        assert [s["headers"]["Authorization"] for s in server.seen] == [f"Bearer token-{i}" for i in (1, 2, 3, 4)]
+
+    asyncio.run(_with_server(test))
+
+
+def test_a_refusal_becomes_an_api_error_with_the_servers_reason_and_message() -> None:
+    async def test(api: KubeApi, server: Server) -> None:
+        server.answers.append((409, {"kind": "Status", "reason": "Conflict",
+                                     "message": 'pod p-1 is already assigned to node "n2"'}))
+        with pytest.raises(ApiError) as err:
+            await api.bind("team-a", "p-1", "uid-1", "node-7", {})
+        assert (err.value.status, err.value.reason, err.value.kind) == (409, "Conflict", "conflict")
+        assert "already assigned" in err.value.message
+        server.answers.append((429, {"kind": "Status", "reason": "TooManyRequests", "message": "PDB"}))
+        with pytest.raises(ApiError) as err:
+            await api.evict("team-a", "p-1", "uid-1", None)
+        assert (err.value.status, err.value.kind) == (429, "throttled")
+        await api.bind("team-a", "p-3", "uid-3", "node-7", {})  # the connection pool still works
+
+    asyncio.run(_with_server(test))
+
+
+def test_no_server_is_an_api_error_with_status_0() -> None:
+    async def test() -> None:
+        cfg = client.Configuration(host=f"http://127.0.0.1:{_free_port()}")
+        api = KubeApi(client.ApiClient(cfg))
+        try:
+            with pytest.raises(ApiError) as err:
+                await api.post_event({"namespace": "a", "name": "p", "uid": "u"}, kind="Normal",
+                                     reason="Scheduled", message="m")
+            assert (err.value.status, err.value.kind) == (0, "unreachable")
+        finally:
+            await api.aclose()
+            api.close()
+
+    asyncio.run(test())
