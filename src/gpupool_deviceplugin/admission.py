@@ -137,6 +137,7 @@ class AdmissionBook:
         self._listed_rv: int | None = None  # resourceVersion of the newest full list applied
         self._refused: set[str] = set()  # pods whose Allocate was refused: the kubelet rejects them
         self._on_change = on_change
+        self._generation = 0  # counts changes: a caller can tell whether the book moved since it looked
         self.synced = False
 
     # -- feeding -------------------------------------------------------------------------------
@@ -231,7 +232,15 @@ class AdmissionBook:
         self._arrival.pop(uid, None)
         self._refused.discard(uid)
 
+    @property
+    def generation(self) -> int:
+        """Changes so far (pods fed, allocations committed or corrected): equal values, same book."""
+        with self._lock:
+            return self._generation
+
     def _changed(self) -> None:
+        with self._lock:
+            self._generation += 1
         if self._on_change is not None:
             self._on_change()
 

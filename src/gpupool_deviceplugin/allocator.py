@@ -5,7 +5,8 @@ When several pending pods could be behind a call (same request shape), the kubel
 (PodResources) says which one it is admitting. When no pod the plugin knows explains a call, the pods are
 re-listed at once (the kubelet may have seen a bind before the pod watch did), but only when that can
 help: never for a call that a known pod of another scheduler explains, and with PodResources only when the
-kubelet has a pod the watch has not shown yet.
+kubelet has a pod the watch has not shown yet. Either way the call is matched again whenever the pods have
+changed since the miss (the watch may deliver the pod while the kubelet's pod list is being asked).
 """
 
 from __future__ import annotations
@@ -74,9 +75,10 @@ class Allocator:
     def _preferred_claim(self, resource: str, available: Sequence[str], must_include: Sequence[str],
                          size: int) -> Claim | None:
         assert self.book is not None
+        seen = self.book.generation
         view = self._kubelet_view(resource, size, "preferred")
         claim = self.book.preferred(resource, available, must_include, size, kubelet=view)
-        if claim is None and self._relist_helps(resource, size, view, "preferred"):
+        if claim is None and self._caught_up(resource, size, view, "preferred", seen):
             view = self._kubelet_view(resource, size, "preferred")
             claim = self.book.preferred(resource, available, must_include, size, kubelet=view)
         return claim
@@ -149,15 +151,16 @@ class Allocator:
                 raise AdmissionError(Refusal.INVALID_ARGUMENT,
                                      f"unknown {spec.name} device IDs {unknown or '(none given)'}", "unknown_device")
             return Claim(spec.name, tuple(ids), "unattributed")
+        seen = self.book.generation
         view = self._kubelet_view(spec.name, len(ids), "allocate")
         try:
             claim = self.book.claim(spec.name, ids, kubelet=view)
         except AdmissionError as err:
             if err.reason not in ("no_assignment", "bad_assignment") or \
-                    not self._relist_helps(spec.name, len(ids), view, "allocate"):
+                    not self._caught_up(spec.name, len(ids), view, "allocate", seen):
                 raise
             return self.book.claim(spec.name, ids, kubelet=self._kubelet_view(spec.name, len(ids), "allocate"))
-        if claim.via == "unattributed" and self._relist_helps(spec.name, len(ids), view, "allocate"):
+        if claim.via == "unattributed" and self._caught_up(spec.name, len(ids), view, "allocate", seen):
             view = self._kubelet_view(spec.name, len(ids), "allocate")
             claim = self.book.claim(spec.name, ids, kubelet=view)
         if claim.via == "unattributed" and view is None:
@@ -176,17 +179,20 @@ class Allocator:
         pods = self.kubelet.pods(purpose)
         return None if pods is None else frozenset(p.key for p in pods)
 
-    def _relist_helps(self, resource: str, size: int, view: frozenset[str] | None, purpose: str) -> bool:
-        """Re-list the node's pods after a miss, when that can help; True when it was done."""
-        if self.refresh is None or self.book is None:
+    def _caught_up(self, resource: str, size: int, view: frozenset[str] | None, purpose: str, seen: int) -> bool:
+        """After a call that no pod explained (the book at generation `seen`): re-list the node's pods when
+        that can help. True when the book has changed since: re-listed, or the pod watch delivered the pod
+        meanwhile (while the kubelet's pod list was asked, say), so the call is worth matching again; a
+        fallback answer now could steer the kubelet off the very pod's assignment."""
+        if self.book is None:
             return False
-        if self.book.explains(resource, size):
-            return False  # a known pod of another scheduler asks for this shape: the call is its own
-        if view is None:
-            view = self._kubelet_view(resource, size, purpose, force=True)
-        if view is not None and not self.book.unknown(view):
-            return False  # the kubelet has no pod the watch has not shown: a re-list finds nothing new
-        return self.refresh()
+        if self.refresh is not None and not self.book.explains(resource, size):
+            # (explains: a known pod of another scheduler asks for this shape, the call is its own)
+            if view is None:
+                view = self._kubelet_view(resource, size, purpose, force=True)
+            if view is None or self.book.unknown(view):  # else a re-list would find nothing new
+                self.refresh()
+        return self.book.generation != seen
 
 
 def _best_fit_units(avail: list[str], must: list[str], size: int) -> list[str]:
