@@ -85,4 +85,3 @@ async def _serve(config: object, api: object, address: str, port: int, metrics_p
     finally:
         for runner in runners:
             await runner.cleanup()
-        await extender.api.aclose()

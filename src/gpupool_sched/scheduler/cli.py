@@ -85,8 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="score this %% of the feasible nodes (0: adaptive, as kube-scheduler; 100: all)")
     p.add_argument("--gate-timeout", type=_positive(float), default=30.0, metavar="SECONDS",
                    help="how long a bind waits for the device plugin's ack of a same-shape pod on its node")
-    p.add_argument("--bind-workers", type=_positive(int), default=16,
-                   help="API writes (binds, Events, status patches) in flight at once")
+    p.add_argument("--bind-workers", type=_positive(int), default=16, help="API calls in flight at once")
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS)
 
 
@@ -175,7 +174,6 @@ async def _serve(config: object, api: object, metrics_port: int, metrics_address
     finally:
         if runner is not None:
             await runner.cleanup()
-        await service.api.aclose()
 
 
 def _root_cause(exc: BaseException) -> str:

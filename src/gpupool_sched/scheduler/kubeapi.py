@@ -1,11 +1,13 @@
 """Every call the scheduler makes to the API server (the kopf watch aside).
 
-Writes (Bindings, Events, status patches, evictions) go out from the event loop through
-`transport.AsyncTransport`: the cycle never waits on an API round trip, many binds are in flight at
-once, and no thread competes with the loop for the GIL. The few reads (the start-up LISTs, the
-leader's Lease) use the synchronous `kubernetes` client on a small thread pool, on raw JSON
-(`_preload_content=False`): building the client's model objects for thousands of pods costs more
-than the calls themselves.
+The `kubernetes` client is synchronous, so calls run on a bounded thread pool and are awaited from
+the event loop: the cycle never waits on an API round trip, and many binds are in flight at once.
+Hot paths work on raw JSON: writes go by path through the client's `call_api` (its generated
+per-endpoint methods validate every argument with pydantic first, about a tenth of a call's CPU),
+reads skip the client's model objects (building them for thousands of pods costs more than the
+calls themselves). Sending the writes from the event loop instead (aiohttp) was measured and
+dropped: the loop is the scheduler's one serial resource, and the binds then took its time (see
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -17,12 +19,16 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpupool_sched.scheduler.apierror import ApiError
-from gpupool_sched.scheduler.transport import JSON, MERGE_PATCH, STRATEGIC_MERGE_PATCH, AsyncTransport, path
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -42,29 +48,38 @@ class KubeApi:
         self.custom = client.CustomObjectsApi(api_client)
         self.component = component
         self.identity = component
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubeapi")
-        self.transport = AsyncTransport(api_client.configuration, limit=workers, timeout_s=REQUEST_TIMEOUT_S,
-                                        user_agent=component)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    async def aclose(self) -> None:
-        """Close the write connections (on the loop that used them)."""
-        await self.transport.close()
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        except ApiError:
+            raise
         except (ApiException, OSError, ValueError) as exc:
             raise ApiError.from_exception(exc) from None
         except Exception as exc:  # urllib3 errors and the like
             raise ApiError.from_exception(exc) from None
 
     async def write(self, method: str, api_path: str, body: Mapping[str, Any], content_type: str = JSON) -> None:
-        """A write whose answer is not needed, sent from the event loop; ApiError on failure."""
-        await self.transport.request(method, api_path, body, content_type)
+        """A write whose answer is not needed; ApiError on failure. The answer is read in the worker
+        thread, which hands its connection back to the pool (an unread one costs a TLS handshake)."""
+
+        def send() -> None:
+            verb, url, headers, data, post = self.api_client.param_serialize(
+                method=method, resource_path=api_path, body=body,
+                header_params={"Accept": JSON, "Content-Type": content_type}, auth_settings=["BearerToken"],
+            )
+            resp = self.api_client.call_api(verb, url, header_params=headers, body=data, post_params=post,
+                                            _request_timeout=REQUEST_TIMEOUT_S)
+            raw = resp.read()
+            if not 200 <= resp.status < 300:
+                raise ApiError.from_body(resp.status, resp.reason or "", raw or b"")
+
+        await self.call(send)
 
     # ---- reads ---------------------------------------------------------------------------------
     def list_raw_sync(
@@ -207,3 +222,8 @@ class KubeApi:
 
 def _pod_path(namespace: str, name: str, subresource: str) -> str:
     return path("api", "v1", "namespaces", namespace, "pods", name, subresource)
+
+
+def path(*parts: str) -> str:
+    """An API path from segments, each percent-encoded."""
+    return "/" + "/".join(quote(p, safe="") for p in parts)

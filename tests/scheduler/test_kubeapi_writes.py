@@ -1,4 +1,5 @@
-"""The scheduler's write path (AsyncTransport) against a real HTTP server on 127.0.0.1."""
+"""The scheduler's write path (KubeApi.write and the calls built on it) against a real HTTP server on
+127.0.0.1: method, path, content type, body, credentials, errors, and a burst queueing for its turn."""
 
 from __future__ import annotations
 
@@ -27,15 +28,24 @@ class Server:
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
         self.answers: list[tuple[int, dict[str, Any]]] = []
+        self.delay_s = 0.0
+        self.on_wire = 0
+        self.most_on_wire = 0
 
     async def handle(self, request: web.Request) -> web.Response:
+        self.on_wire += 1
+        self.most_on_wire = max(self.most_on_wire, self.on_wire)
+        try:
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self.on_wire -= 1
         self.seen.append({"method": request.method, "path": request.raw_path, "headers": dict(request.headers),
                           "body": json.loads(await request.read())})
         status, body = self.answers.pop(0) if self.answers else (201, {})
         return web.json_response(body, status=status)
 
 
-async def _with_server(test: Any) -> None:
+async def _with_server(test: Any, **api_args: Any) -> None:
     server = Server()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", server.handle)
@@ -53,11 +63,10 @@ async def _with_server(test: Any) -> None:
         c.api_key["BearerToken"] = f"token-{len(refreshed)}"
 
     cfg.refresh_api_key_hook = refresh
-    api = KubeApi(client.ApiClient(cfg), component="gpupool-test")
+    api = KubeApi(client.ApiClient(cfg), component="gpupool-test", **api_args)
     try:
         await test(api, server)
     finally:
-        await api.aclose()
         api.close()
         await runner.cleanup()
 
@@ -74,7 +83,6 @@ def test_writes_carry_method_path_content_type_body_and_a_fresh_token() -> None:
         assert bind["body"]["target"] == {"apiVersion": "v1", "kind": "Node", "name": "node-7"}
         assert bind["body"]["metadata"]["uid"] == "uid-1"
         assert bind["headers"]["Content-Type"] == "application/json"
-        assert bind["headers"]["User-Agent"] == "gpupool-test"
         assert (status["method"], status["path"]) == ("PATCH", "/api/v1/namespaces/team-a/pods/p-1/status")
         assert status["headers"]["Content-Type"] == "application/strategic-merge-patch+json"
         assert status["body"]["status"]["conditions"][0]["reason"] == "Unschedulable"
@@ -82,7 +90,7 @@ def test_writes_carry_method_path_content_type_body_and_a_fresh_token() -> None:
         assert evict["body"]["deleteOptions"] == {"preconditions": {"uid": "uid-2"}, "gracePeriodSeconds": 30}
         assert group["path"] == "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/team-a/podgroups/g/status"
         assert group["headers"]["Content-Type"] == "application/merge-patch+json"
-        # the token is asked for per request, so a rotated one is used at once
+        # the token is asked for per request (the refresh hook), so a rotated one is used at once
         assert [s["headers"]["Authorization"] for s in server.seen] == [f"Bearer token-{i}" for i in (1, 2, 3, 4)]
 
     asyncio.run(_with_server(test))
@@ -115,7 +123,20 @@ def test_no_server_is_an_api_error_with_status_0() -> None:
                                      reason="Scheduled", message="m")
             assert (err.value.status, err.value.kind) == (0, "unreachable")
         finally:
-            await api.aclose()
             api.close()
 
     asyncio.run(test())
+
+
+def test_a_burst_waits_for_its_turn_before_its_timeout_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of binds queue behind `--bind-workers` threads; a request's timeout counts from when it
+    goes on the wire, or the tail of a burst would fail without ever having been sent."""
+    monkeypatch.setattr("gpupool_sched.scheduler.kubeapi.REQUEST_TIMEOUT_S", 0.5)
+
+    async def test(api: KubeApi, server: Server) -> None:
+        server.delay_s = 0.2
+        await asyncio.gather(*(api.bind("team-a", f"p-{i}", f"uid-{i}", "node-7", {}) for i in range(12)))
+        assert len(server.seen) == 12  # 6 rounds of 0.2 s behind 2 connections: 1.2 s, over the 0.5 s limit
+        assert server.most_on_wire == 2
+
+    asyncio.run(_with_server(test, workers=2))
