@@ -87,8 +87,13 @@ class Allocator:
                   size: int) -> list[str]:
         devices = self._by_id[spec.name]
         avail = [i for i in dict.fromkeys([*must_include, *available]) if i in devices]
-        if self.book is not None:  # keep pods without an assignment off devices assigned to pending pods
-            reserved = self.book.reserved(spec.name) - set(must_include)
+        if self.book is not None:  # keep pods without an assignment off devices assigned to pending pods,
+            # and off GPUs in the other use (shared for whole GPUs, held whole for memory units) in case
+            # the kubelet's ListAndWatch view is behind: Allocate would refuse them (gpu_is_shared/_whole)
+            tenancy = self.book.tenancy()
+            busy = tenancy.shared if spec.kind == "gpu" else tenancy.whole if spec.kind == "memory" else {}
+            in_use = {i for i in avail if devices[i].gpu_uuid in busy}
+            reserved = (self.book.reserved(spec.name) | in_use) - set(must_include)
             unreserved = [i for i in avail if i not in reserved]
             if len(unreserved) >= size:
                 avail = unreserved

@@ -132,3 +132,21 @@ def test_a_pod_the_kubelet_put_on_other_gpus_than_assigned_is_refused_only_when_
     with pytest.raises(AdmissionError, match=r"not what gpupool assigned") as err:
         alloc.allocate(GPU, [UUIDS[5], UUIDS[7]])
     assert err.value.reason == "not_assigned" and err.value.pod.name == "p"
+
+
+def test_pods_without_an_assignment_are_steered_off_gpus_in_the_other_use() -> None:
+    """A GPU with memory-share tenants that the kubelet still offers whole (its ListAndWatch view is
+    behind the flip) is not suggested to another scheduler's pod: Allocate would refuse it
+    (gpu_is_shared) and the kubelet fail the pod. Likewise a GPU held whole for memory units."""
+    alloc, book, _ = allocator()
+    mem = "nvidia.com/gpu-memory"
+    assert alloc.preferred(GPU, [UUIDS[1], UUIDS[3]], [], 1) == [UUIDS[1]]  # the lower index, by default
+    share = assignment(NODE, "us", {"m": {"memory": (UUIDS[1], 4, 1024)}})
+    book.upsert(pod_record(pod_json("sharer", "us", NODE, {"m": {mem: 4}}, annotations=share), NAMES, NODE))
+    assert alloc.preferred(GPU, [UUIDS[1], UUIDS[3]], [], 1) == [UUIDS[3]]
+
+    whole = assignment(NODE, "uw", {"m": {"devices": {GPU: [UUIDS[5]]}}})
+    book.upsert(pod_record(pod_json("trainer", "uw", NODE, {"m": {GPU: 1}}, annotations=whole), NAMES, NODE))
+    units = [u for u in alloc._by_id[mem] if alloc._by_id[mem][u].gpu_uuid in (UUIDS[5], UUIDS[6])]
+    chosen = alloc.preferred(mem, units, [], 2)
+    assert {alloc._by_id[mem][u].gpu_uuid for u in chosen} == {UUIDS[6]}, chosen
