@@ -12,8 +12,7 @@ import pytest
 from aiohttp import web
 from kubernetes import client
 
-from gpupool_sched.scheduler.apierror import ApiError
-from gpupool_sched.scheduler.kubeapi import KubeApi
+from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 
 
 def _free_port() -> int:

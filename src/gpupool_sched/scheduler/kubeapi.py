@@ -24,8 +24,6 @@ from urllib.parse import quote
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupool_sched.scheduler.apierror import ApiError
-
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -33,6 +31,42 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 REQUEST_TIMEOUT_S = 15
+
+
+class ApiError(Exception):
+    """A failed API call: HTTP status (0: no answer) and the server's message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @classmethod
+    def from_body(cls, status: int, reason: str, raw: bytes | str | None) -> ApiError:
+        """From an HTTP answer: the Status object's reason and message when the body is one."""
+        message = reason
+        try:
+            body = json.loads(raw or b"{}")
+            if isinstance(body, dict):
+                message = body.get("message") or message
+                reason = body.get("reason") or reason
+        except ValueError:
+            pass  # not a Status object: the HTTP reason says it
+        return cls(status, reason or "Error", str(message))
+
+    @classmethod
+    def from_exception(cls, exc: Exception) -> ApiError:
+        if isinstance(exc, ApiException):
+            return cls.from_body(int(exc.status or 0), str(exc.reason or ""), exc.body)
+        return cls(0, type(exc).__name__, str(exc))
+
+    @property
+    def kind(self) -> str:
+        """A short label for metrics: conflict, not_found, forbidden, timeout, server, other."""
+        return {409: "conflict", 404: "not_found", 403: "forbidden", 422: "invalid", 429: "throttled"}.get(
+            self.status, "server" if self.status >= 500 else ("unreachable" if self.status == 0 else "other")
+        )
 
 
 def now_rfc3339(micro: bool = False) -> str:
@@ -45,7 +79,6 @@ class KubeApi:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
         self.component = component
         self.identity = component
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")

@@ -64,7 +64,7 @@ class SchedulerConfig:
     gate_timeout_s: float = 30.0
     confirm_ttl_s: float = 60.0
     bind_workers: int = 16
-    event_workers: int = 4  # of the bind_workers connections, at most this many post Events
+    event_workers: int = 4  # of the bind_workers API threads, at most this many post Events
     leader_elect: bool = False
     lease_namespace: str = "kube-system"
     lease_name: str = "gpupool-scheduler"
