@@ -321,6 +321,19 @@ def create_timed(
     return created
 
 
+def count_events(core: client.CoreV1Api, namespace: str, reason: str) -> int:
+    """Events of `reason` in the namespace (core/v1 also lists kube-scheduler's events.k8s.io/v1 ones)."""
+    count, cont = 0, None
+    while True:
+        resp = core.list_namespaced_event(namespace, field_selector=f"reason={reason}", limit=2000,
+                                          _continue=cont, _preload_content=False)
+        body = json.loads(resp.data)
+        count += len(body.get("items") or ())
+        cont = (body.get("metadata") or {}).get("continue")
+        if not cont:
+            return count
+
+
 def delete_all_pods(core: client.CoreV1Api, namespace: str, timeout_s: float) -> float:
     """Delete every pod of the namespace at once (grace period 0: kwok has nothing to stop) and wait until
     the API server has none left; returns the seconds it took."""
@@ -443,6 +456,7 @@ class RunResult:
     created_n: list[int]
     metrics: dict[str, float] = field(default_factory=dict)  # gpupool's own /metrics at the end
     load_before: float = 0.0  # 1-minute load average before the run (other work on the machine)
+    scheduled_events: int = 0  # `Scheduled` Events in the run's namespace when its last pod was bound
     timed_out: bool = False
 
 
@@ -537,6 +551,7 @@ def one_run(kube: ClusterClient, spec: RunSpec, opts: RunOptions, console: Conso
             cpu.update({n: cpu_seconds(others[n].pid) - before for n, before in cpu_before.items()})
             cpu["bench"] = time.process_time() - bench_cpu_before
             metrics = scrape_gpupool(launched.metrics_port) if launched.metrics_port else {}
+            scheduled_events = count_events(core, spec.namespace, "Scheduled")  # posted by the last bind
         finally:
             if launched is not None:
                 launched.process.stop()
@@ -544,8 +559,10 @@ def one_run(kube: ClusterClient, spec: RunSpec, opts: RunOptions, console: Conso
     create_ended = max(created.values(), default=create_began)
     delete_s = delete_all_pods(core, spec.namespace, timeout_s=600)
     delete_s += settle(kube.cluster)
-    return _result(spec, binds, created, began, create_began, create_ended, launched, rss_peak,
-                   sampler.max_rss_mib, cpu, delete_s, metrics, load_before, timed_out)
+    result = _result(spec, binds, created, began, create_began, create_ended, launched, rss_peak,
+                     sampler.max_rss_mib, cpu, delete_s, metrics, load_before, timed_out)
+    result.scheduled_events = scheduled_events
+    return result
 
 
 def _wait_bound(
@@ -825,12 +842,13 @@ def _row(r: RunResult, ratio: dict[str, float] | None) -> list[str]:
         f"{r.cpu_s['scheduler']:.1f}{rel('cpu_s')}",
         f"{r.cpu_s.get('kube-apiserver', 0.0):.1f}",
         f"{r.create_per_s:.0f}",
+        str(r.scheduled_events),
     ]
 
 
 HEADERS = (
     "mode", "scheduler", "bound", "s", "pods/s", "p50 ms", "p99 ms", "peak RSS MiB", "CPU s", "apiserver CPU s",
-    "created/s",
+    "created/s", "Scheduled Events",
 )
 
 

@@ -28,6 +28,7 @@ class Server:
         self.seen: list[dict[str, Any]] = []
         self.answers: list[tuple[int, dict[str, Any]]] = []
         self.delay_s = 0.0
+        self.hold: asyncio.Event | None = None  # set: requests whose path has "bindings" wait for it
         self.on_wire = 0
         self.most_on_wire = 0
 
@@ -36,6 +37,8 @@ class Server:
         self.most_on_wire = max(self.most_on_wire, self.on_wire)
         try:
             await asyncio.sleep(self.delay_s)
+            if self.hold is not None and "bindings" in request.raw_path:
+                await self.hold.wait()
         finally:
             self.on_wire -= 1
         self.seen.append({"method": request.method, "path": request.raw_path, "headers": dict(request.headers),
@@ -137,5 +140,28 @@ def test_a_burst_waits_for_its_turn_before_its_timeout_starts(monkeypatch: pytes
         await asyncio.gather(*(api.bind("team-a", f"p-{i}", f"uid-{i}", "node-7", {}) for i in range(12)))
         assert len(server.seen) == 12  # 6 rounds of 0.2 s behind 2 connections: 1.2 s, over the 0.5 s limit
         assert server.most_on_wire == 2
+
+    asyncio.run(_with_server(test, workers=2))
+
+
+def test_reports_on_their_own_lane_do_not_wait_behind_binds() -> None:
+    """Every main-lane thread is stuck in a Binding and more Bindings are queued behind them: an Event
+    and a PodScheduled condition posted through the reports lane still go out, and the binds follow."""
+
+    async def test(api: KubeApi, server: Server) -> None:
+        server.hold = asyncio.Event()
+        reports = api.lane("reports", 1)
+        binds = [asyncio.ensure_future(api.bind("team-a", f"p-{i}", f"uid-{i}", "node-7", {})) for i in range(6)]
+        try:  # on one lane these would wait for the held binds: a timeout, not a hang
+            await asyncio.wait_for(reports.post_event(
+                {"namespace": "team-a", "name": "q", "uid": "uid-q"}, kind="Warning", reason="FailedScheduling",
+                message="0/3 nodes are available"), timeout=10)
+            await asyncio.wait_for(reports.set_unschedulable("team-a", "q", "0/3 nodes are available"), timeout=10)
+            assert [r["path"].rsplit("/", 1)[-1] for r in server.seen] == ["events", "status"]
+            assert not any(b.done() for b in binds)
+        finally:
+            server.hold.set()
+        await asyncio.gather(*binds)
+        assert len(server.seen) == 8
 
     asyncio.run(_with_server(test, workers=2))

@@ -8,6 +8,7 @@ import logging
 import signal
 
 from gpupool_sched.errors import UserError
+from gpupool_sched.scheduler import gcpolicy
 from gpupool_sched.scheduler.cli import LOG_LEVELS, _kube_client, _port, _positive, _root_cause
 
 
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from gpupool_sched.scheduler.kubeapi import KubeApi
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    gcpolicy.tune()
     api_client, host = _kube_client(args.kubeconfig)
     api = KubeApi(api_client, component="gpupool-extender")
     try:
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot reach the API server at {host}: {_root_cause(exc)}") from None
     config = ExtenderConfig(scheduler_name=args.scheduler_name, policy=args.policy,
                             memory_unit_mib=args.memory_unit_mib, gate_timeout_s=args.gate_timeout,
-                            bind_timeout_s=args.bind_timeout)
+                            bind_timeout_s=args.bind_timeout, freeze_gc=True)
     try:
         asyncio.run(_serve(config, api, args.address, args.port, args.metrics_port))
     finally:

@@ -26,6 +26,7 @@ from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.registry import POLICIES, build_policy
 from gpupool_sched.placement.workload import RollingProfile, forget_profile
+from gpupool_sched.scheduler import gcpolicy
 from gpupool_sched.scheduler.binder import Binder, BindOutcome
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.podspec import InvalidPod
@@ -62,6 +63,7 @@ class ExtenderConfig:
     profile_window: int = 2000
     housekeeping_s: float = 1.0
     max_cached_pods: int = 50000
+    freeze_gc: bool = False  # the process's own (CLI): gc.freeze() after the first sync (scheduler/gcpolicy.py)
 
 
 class Extender:
@@ -120,6 +122,8 @@ class Extender:
     # ---- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         await self.resync()
+        if self.config.freeze_gc:
+            gcpolicy.freeze_startup()
         self.synced.set()
         self._tasks = [asyncio.get_running_loop().create_task(self._housekeeping(), name="housekeeping")]
         log.info("extender for %s started: %d nodes, %d pods in the ledger", self.config.scheduler_name,

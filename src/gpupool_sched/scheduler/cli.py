@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupool_sched.errors import OneLineParser, UserError
+from gpupool_sched.scheduler import gcpolicy
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from gpupool_sched.scheduler.service import SchedulerConfig
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    gcpolicy.tune()
     if not args.retry_period < args.renew_deadline < args.lease_duration:
         raise UserError("need --retry-period < --renew-deadline < --lease-duration")
     api_client, host = _kube_client(args.kubeconfig)
@@ -143,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         renew_deadline_s=args.renew_deadline,
         retry_period_s=args.retry_period,
         identity=identity,
+        freeze_gc=True,
     )
     logging.getLogger(__name__).info("API server %s (%s); scheduler %s, identity %s",
                                      host, version, args.scheduler_name, identity)

@@ -13,6 +13,7 @@ docs/benchmarks.md).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -82,8 +83,20 @@ class KubeApi:
         self.component = component
         self.identity = component
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")
+        self._lanes: list[KubeApi] = []
+
+    def lane(self, name: str, workers: int) -> KubeApi:
+        """The same client and credentials on threads of its own: calls made through the lane never
+        queue behind this one's (Events and status reports behind a burst of Bindings)."""
+        other = copy.copy(self)
+        other._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kubeapi-{name}")
+        other._lanes = []
+        self._lanes.append(other)
+        return other
 
     def close(self) -> None:
+        for lane in self._lanes:
+            lane.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -103,6 +103,11 @@ class SchedulerMetrics:
             "gpupool_scheduler_cluster_gpus", "GPUs by state, each counted once: unhealthy (the device plugin "
             "reports it failed), mig (MIG mode), whole (held by whole-GPU pods), shared (memory-unit tenants), "
             "free", ["state"], registry=r)
+        self.gc_seconds = Counter(
+            "gpupool_scheduler_gc_pause_seconds", "Seconds the cyclic garbage collector paused the process, by "
+            "generation (2: full passes)", ["generation"], registry=r)
+        for generation in ("0", "1", "2"):
+            self.gc_seconds.labels(generation=generation)
 
 
 def gpu_states(state: ClusterState) -> Tally[str]:

@@ -30,6 +30,7 @@ from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragm
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.registry import POLICIES, build_policy
 from gpupool_sched.placement.workload import RollingProfile, forget_profile
+from gpupool_sched.scheduler import gcpolicy
 from gpupool_sched.scheduler.binder import Binder, BindOutcome
 from gpupool_sched.scheduler.cycle import Cycle
 from gpupool_sched.scheduler.gangs import GROUP, PLURAL, PODGROUPS, VERSION, Gangs, group_of
@@ -64,7 +65,7 @@ class SchedulerConfig:
     gate_timeout_s: float = 30.0
     confirm_ttl_s: float = 60.0
     bind_workers: int = 16
-    event_workers: int = 4  # of the bind_workers API threads, at most this many post Events
+    event_workers: int = 4  # API threads of their own that post Events and PodScheduled=False
     leader_elect: bool = False
     lease_namespace: str = "kube-system"
     lease_name: str = "gpupool-scheduler"
@@ -75,6 +76,7 @@ class SchedulerConfig:
     profile_window: int = 2000
     housekeeping_s: float = 1.0
     nomination_slack_s: float = 60.0  # freed GPUs are held for a preemptor the victims' grace + this
+    freeze_gc: bool = False  # the process's own (CLI): gc.freeze() after the first sync
 
 
 def _created(obj: dict[str, Any]) -> float:
@@ -118,7 +120,10 @@ class SchedulerService:
                              is_leader=lambda: self.leader.is_leader, on_bound=self._bound)
         self.synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self.recorder = EventRecorder(api, self.metrics, workers=config.event_workers)
+        # reports on API threads of their own: behind a burst of Bindings they would wait their turn
+        # for its whole length and the bounded queue would drop nearly all of them
+        self.recorder = EventRecorder(api.lane("reports", config.event_workers), self.metrics,
+                                      workers=config.event_workers)
         self.budgets = DisruptionBudgets()
         self.preemptor = Preemptor(self.state, api, self.queue, self.metrics, self.recorder)
         self._pending: dict[str, dict[str, Any]] = {}  # uid -> latest object of our pending pods
@@ -129,6 +134,8 @@ class SchedulerService:
         self._node_gauges: dict[str, tuple[Any, Any]] = {}  # node -> its gpus_bound, memory_units_bound children
         self._observed: set[str] = set()  # UIDs whose request entered the workload profile
         self.decisions = 0
+        self._gc_pauses = gcpolicy.GcPauses(
+            lambda generation, seconds: self.metrics.gc_seconds.labels(generation=str(generation)).inc(seconds))
 
     # ---- policy / profile ----------------------------------------------------------------------
     def current_policy(self) -> Policy:
@@ -154,6 +161,7 @@ class SchedulerService:
     # ---- lifecycle -----------------------------------------------------------------------------
     async def start(self, attempts: int = 5) -> None:
         """Rebuild the state from a LIST of everything, then start leading / standing by and cycling."""
+        began = time.monotonic()
         for attempt in range(attempts):
             try:
                 await self.resync()
@@ -163,6 +171,9 @@ class SchedulerService:
                     raise
                 log.warning("listing the cluster failed (%s); retrying", exc)
                 await asyncio.sleep(2**attempt)
+        if self.config.freeze_gc:
+            gcpolicy.freeze_startup()  # the first LIST and start-up's objects: out of every later GC pass
+        self._gc_pauses.install()
         self.synced.set()
         self.recorder.start()
         loop = asyncio.get_running_loop()
@@ -171,8 +182,9 @@ class SchedulerService:
             loop.create_task(self._cycle_loop(), name="cycle"),
             loop.create_task(self._housekeeping(), name="housekeeping"),
         ]
-        log.info("scheduler %s started: %d nodes, %d pods in the ledger, %d pending",
-                 self.config.scheduler_name, len(self.state.nodes), len(self.state.pods), len(self.queue))
+        log.info("scheduler %s started in %.1f s: %d nodes, %d pods in the ledger, %d pending",
+                 self.config.scheduler_name, time.monotonic() - began, len(self.state.nodes), len(self.state.pods),
+                 len(self.queue))
 
     async def resync(self) -> None:
         classes, _ = await self.api.list_raw(PRIORITY_CLASSES)
@@ -213,6 +225,7 @@ class SchedulerService:
         await self.preemptor.drain()
         await self.leader.release()
         await self.recorder.stop()
+        self._gc_pauses.remove()
 
     # ---- watch events (called by kopf handlers and by resync) ------------------------------------
     def on_priority_class(self, kind: str | None, obj: dict[str, Any]) -> None:
