@@ -3,6 +3,7 @@ cluster: `helm lint` / `helm template`). The installed chart is tested in tests/
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import yaml
 
 from gpupool_devcluster.binaries import helm_binary, repo_root
 from gpupool_devcluster.errors import DevClusterError
+from gpupool_sched.cli import build_parser
 
 CHART = repo_root() / "deploy" / "helm" / "gpupool"
 
@@ -80,6 +82,33 @@ def test_values_switch_parts_on_and_off() -> None:
     off = render("--set", "devicePlugin.enabled=false", "--set", "priorityClasses.enabled=false")
     assert not by_kind(off, "DaemonSet") and not by_kind(off, "PriorityClass")
     assert "rel-gpupool-deviceplugin" not in by_kind(off, "ClusterRole")
+
+
+def _expanded_command(docs: list[dict[str, Any]], deployment: str) -> list[str]:
+    """The container's command + args as the kubelet runs them: $(VAR) expanded from its env (ConfigMap
+    keys and the downward API get stand-in values)."""
+    container = by_kind(docs, "Deployment")[deployment]["spec"]["template"]["spec"]["containers"][0]
+    config = {name: cm.get("data") or {} for name, cm in by_kind(docs, "ConfigMap").items()}
+    env: dict[str, str] = {}
+    for var in container.get("env") or ():
+        ref = (var.get("valueFrom") or {}).get("configMapKeyRef")
+        env[var["name"]] = config[ref["name"]][ref["key"]] if ref else str(var.get("value", "stand-in"))
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container.get("args") or ()]
+    return [*container["command"], *args]
+
+
+@pytest.mark.parametrize("deployment", ["rel-gpupool-scheduler", "rel-gpupool-extender"])
+def test_every_flag_the_chart_passes_is_accepted_by_the_cli(deployment: str) -> None:
+    """The chart's args go through the real `gpupool` parser: a flag one subcommand lacks (the extender
+    was once given the scheduler's --bind-workers) would make the container exit 2 at every start."""
+    docs = render("--set", "extender.enabled=true", "--set", "scheduler.eventWorkers=6")
+    command = _expanded_command(docs, deployment)
+    assert command[0] == "gpupool"
+    args = build_parser().parse_args(command[1:])
+    assert args.command == deployment.rsplit("-", 1)[-1]
+    assert args.policy == "gpupool" and args.memory_unit_mib == 1024
+    if args.command == "scheduler":
+        assert (args.bind_workers, args.event_workers) == (64, 6)
 
 
 def test_monitoring_objects_carry_the_chart_files() -> None:

@@ -86,11 +86,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="score this %% of the feasible nodes (0: adaptive, as kube-scheduler; 100: all)")
     p.add_argument("--gate-timeout", type=_positive(float), default=30.0, metavar="SECONDS",
                    help="how long a bind waits for the device plugin's ack of a same-shape pod on its node")
-    p.add_argument("--bind-workers", type=_positive(int), default=16, help="API calls in flight at once")
+    p.add_argument("--bind-workers", type=_positive(int), default=64,
+                   help="Bindings (and other writes of the cycle) in flight at once")
+    p.add_argument("--event-workers", type=_positive(int), default=16,
+                   help="Events and PodScheduled conditions in flight at once, on threads of their own")
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS)
 
 
-def _kube_client(kubeconfig: str | None):
+def _kube_client(kubeconfig: str | None, pool_size: int = 32):
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
@@ -107,7 +110,8 @@ def _kube_client(kubeconfig: str | None):
     except ConfigException as exc:
         raise UserError(f"cannot use kubeconfig {path}: {exc}") from None
     configuration = client.Configuration.get_default_copy()
-    configuration.connection_pool_maxsize = 32
+    # one kept-alive connection per API thread: past maxsize urllib3 opens and discards a new one (TLS)
+    configuration.connection_pool_maxsize = pool_size
     return client.ApiClient(configuration), configuration.host
 
 
@@ -119,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     gcpolicy.tune()
     if not args.retry_period < args.renew_deadline < args.lease_duration:
         raise UserError("need --retry-period < --renew-deadline < --lease-duration")
-    api_client, host = _kube_client(args.kubeconfig)
+    api_client, host = _kube_client(args.kubeconfig, pool_size=args.bind_workers + args.event_workers + 4)
     api = KubeApi(api_client, workers=args.bind_workers, component=args.scheduler_name)
     urllib3_log = logging.getLogger("urllib3")
     level = urllib3_log.level
@@ -138,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         percentage_of_nodes_to_score=args.percentage_of_nodes_to_score,
         gate_timeout_s=args.gate_timeout,
         bind_workers=args.bind_workers,
+        event_workers=args.event_workers,
         leader_elect=args.leader_elect,
         lease_namespace=args.lease_namespace,
         lease_name=args.lease_name or f"{args.scheduler_name}-scheduler",

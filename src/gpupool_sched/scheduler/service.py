@@ -64,8 +64,8 @@ class SchedulerConfig:
     percentage_of_nodes_to_score: int = 0  # 0: adaptive, as kube-scheduler
     gate_timeout_s: float = 30.0
     confirm_ttl_s: float = 60.0
-    bind_workers: int = 16
-    event_workers: int = 4  # API threads of their own that post Events and PodScheduled=False
+    bind_workers: int = 64
+    event_workers: int = 16  # API threads of their own that post Events and PodScheduled=False
     leader_elect: bool = False
     lease_namespace: str = "kube-system"
     lease_name: str = "gpupool-scheduler"

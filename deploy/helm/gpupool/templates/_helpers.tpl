@@ -55,12 +55,13 @@ percentage-of-nodes-to-score: {{ .Values.scheduler.percentageOfNodesToScore | qu
 gate-timeout: {{ .Values.scheduler.gateTimeoutSeconds | quote }}
 memory-unit-mib: {{ .Values.gpuMemoryUnitMiB | quote }}
 bind-workers: {{ .Values.scheduler.bindWorkers | quote }}
+event-workers: {{ .Values.scheduler.eventWorkers | quote }}
 {{- end -}}
 
 {{/* Environment variables from the policy ConfigMap, one per key: GPUPOOL_<KEY>. */}}
 {{- define "gpupool.schedulerPolicyEnv" -}}
 {{- $cm := printf "%s-scheduler-policy" (include "gpupool.fullname" .) -}}
-{{- range $key := list "policy" "percentage-of-nodes-to-score" "gate-timeout" "memory-unit-mib" "bind-workers" }}
+{{- range $key := list "policy" "percentage-of-nodes-to-score" "gate-timeout" "memory-unit-mib" "bind-workers" "event-workers" }}
 - name: GPUPOOL_{{ $key | upper | replace "-" "_" }}
   valueFrom:
     configMapKeyRef:
@@ -71,7 +72,14 @@ bind-workers: {{ .Values.scheduler.bindWorkers | quote }}
 
 {{/* Flags reading those variables (the kubelet expands $(VAR) in args). */}}
 {{- define "gpupool.schedulerPolicyArgs" -}}
-{{- range $key := list "policy" "percentage-of-nodes-to-score" "gate-timeout" "memory-unit-mib" "bind-workers" }}
+{{- range $key := list "policy" "percentage-of-nodes-to-score" "gate-timeout" "memory-unit-mib" "bind-workers" "event-workers" }}
+- --{{ $key }}=$(GPUPOOL_{{ $key | upper | replace "-" "_" }})
+{{- end }}
+{{- end -}}
+
+{{/* The extender's share of them: it has no queue to sample from and binds in the request's own call. */}}
+{{- define "gpupool.extenderPolicyArgs" -}}
+{{- range $key := list "policy" "gate-timeout" "memory-unit-mib" }}
 - --{{ $key }}=$(GPUPOOL_{{ $key | upper | replace "-" "_" }})
 {{- end }}
 {{- end -}}
