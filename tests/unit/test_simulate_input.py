@@ -19,7 +19,7 @@ import gpupool_sched.simulate.cli as simulate_cli
 from gpupool_sched.cli import main
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.simulate.arrivals import MAX_ARRIVALS, read_event_order, seeded_arrivals
-from gpupool_sched.simulate.trace import MAX_GPU_SLOTS, TraceError, read_nodes, read_trace
+from gpupool_sched.simulate.trace import MAX_GPU_SLOTS, MAX_NODE_GPUS, TraceError, read_nodes, read_trace
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,131072,4,T4\nn1,96000,393216,8,G2\n"
 PODS = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,4000,8192,1,500,\np1,8000,16384,2,1000,G2\n"
@@ -288,7 +288,8 @@ def test_random_rows_give_a_trace_or_one_trace_error(nodes: str, pods: str) -> N
             assert str(exc).startswith(d) and "\n" not in str(exc).replace("\\n", "")
         else:
             assert trace.nodes and trace.pods
-            assert all(len(n.gpus) <= 4 for n in trace.nodes)
+            # a bad cell can still be a valid count ("1001"): the reader's bound is what must hold
+            assert all(len(n.gpus) <= MAX_NODE_GPUS for n in trace.nodes)
 
 
 @pytest.mark.timeout(120)
