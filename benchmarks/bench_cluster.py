@@ -559,10 +559,8 @@ def one_run(kube: ClusterClient, spec: RunSpec, opts: RunOptions, console: Conso
     create_ended = max(created.values(), default=create_began)
     delete_s = delete_all_pods(core, spec.namespace, timeout_s=600)
     delete_s += settle(kube.cluster)
-    result = _result(spec, binds, created, began, create_began, create_ended, launched, rss_peak,
-                     sampler.max_rss_mib, cpu, delete_s, metrics, load_before, timed_out)
-    result.scheduled_events = scheduled_events
-    return result
+    return _result(spec, binds, created, began, create_began, create_ended, launched, rss_peak,
+                   sampler.max_rss_mib, cpu, delete_s, metrics, load_before, timed_out, scheduled_events)
 
 
 def _wait_bound(
@@ -610,6 +608,7 @@ def _result(
     metrics: dict[str, float],
     load_before: float,
     timed_out: bool,
+    scheduled_events: int,
 ) -> RunResult:
     bound = binds.bound
     times = sorted(t - began for t in bound.values())
@@ -646,6 +645,7 @@ def _result(
         created_n=[i + 1 for i in create_picks],
         metrics=metrics,
         load_before=round(load_before, 2),
+        scheduled_events=scheduled_events,
         timed_out=timed_out,
     )
 

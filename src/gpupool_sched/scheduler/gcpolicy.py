@@ -4,8 +4,9 @@ CPython's cyclic collector makes a full pass (generation 2) whenever the objects
 younger passes grew by a quarter since the last one, and a full pass walks every tracked object:
 every node's view, every pod in the ledger, kopf's memory of each watched object. While a burst of
 pods arrives that state grows all the time, so full passes come one after another. On the 1,000-node
-benchmark (6,000 pods) the collector took 22-27 % of the scheduler's CPU, three quarters of it in
-14-17 full passes of about 280 ms each, every one a pause of the event loop (docs/benchmarks.md).
+benchmark (6,000 pods) the scheduler spent 5-7 s in collections (wall time, as much as 22-27 % of its
+CPU time), three quarters of it in 14-17 full passes of about 280 ms each, every one a pause of the
+event loop (docs/benchmarks.md).
 
 Two settings, both common for servers of this kind:
 - `freeze()` after start-up moves what start-up built (modules, the client's models, the first LIST)
