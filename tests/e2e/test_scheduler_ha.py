@@ -99,9 +99,11 @@ def test_standby_takes_over_within_the_lease(
         assert standby.get("/readyz")[0] == 200  # standing by is ready
         create_pods(kube.core, namespace, [pod(f"before-{i}", name, small_pool, gpus=1) for i in range(6)])
         wait_bound(kube, namespace, 6)
+        # Scheduled Events are posted after the Binding, off the scheduling path: wait for them
         for i in range(6):
-            events = events_for(kube, namespace, f"before-{i}", "Scheduled")
-            assert events and {e.get("reportingInstance") for e in events} == {leader.args[-1]}, events
+            events = wait_until(lambda i=i: events_for(kube, namespace, f"before-{i}", "Scheduled"), 15,
+                                f"before-{i}'s Scheduled event")
+            assert {e.get("reportingInstance") for e in events} == {leader.args[-1]}, events
         leader.kill()
         killed = time.monotonic()
         create_pods(kube.core, namespace, [pod(f"after-{i}", name, small_pool, gpus=1) for i in range(6)])
@@ -110,7 +112,8 @@ def test_standby_takes_over_within_the_lease(
         wait_bound(kube, namespace, 12, timeout_s=30)
         assert took_over <= 6 + 1 + 1, f"took over after {took_over:.1f}s (lease 6s, retry 1s)"
         for i in range(6):
-            events = events_for(kube, namespace, f"after-{i}", "Scheduled")
+            events = wait_until(lambda i=i: events_for(kube, namespace, f"after-{i}", "Scheduled"), 15,
+                                f"after-{i}'s Scheduled event")
             assert {e.get("reportingInstance") for e in events} == {standby.args[-1]}, events
         pods = list_pods(kube, namespace)
         assert_no_oversubscription(kube, pods)
