@@ -67,11 +67,11 @@ def test_event_queue_is_bounded_and_drops_are_counted(service: SchedulerService)
     assert dropped == 7
 
 
-def test_reports_post_on_threads_apart_from_the_binds(service: SchedulerService) -> None:
-    """The recorder's API calls go through a lane of their own (its threads), so that a burst of
+def test_reports_post_on_a_lane_apart_from_the_binds(service: SchedulerService) -> None:
+    """The recorder's writes go through a lane of their own (its own limit), so that a burst of
     queued Bindings cannot hold every Event back (tests/scheduler/test_kubeapi_writes.py shows why)."""
     reports = service.recorder.api
     assert reports is not service.api and reports.api_client is service.api.api_client
-    assert reports._pool is not service.api._pool
-    assert reports._pool._max_workers == service.config.event_workers
+    assert reports._lane is not service.api._lane and reports._writer is service.api._writer
+    assert reports._lane.limit == service.config.event_workers
     assert service.binder.api is service.api

@@ -89,11 +89,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bind-workers", type=_positive(int), default=64,
                    help="Bindings (and other writes of the cycle) in flight at once")
     p.add_argument("--event-workers", type=_positive(int), default=16,
-                   help="Events and PodScheduled conditions in flight at once, on threads of their own")
+                   help="Events and PodScheduled conditions in flight at once, with a limit of their own")
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS)
 
 
-def _kube_client(kubeconfig: str | None, pool_size: int = 32):
+def _kube_client(kubeconfig: str | None, pool_size: int = 8):
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
@@ -110,7 +110,8 @@ def _kube_client(kubeconfig: str | None, pool_size: int = 32):
     except ConfigException as exc:
         raise UserError(f"cannot use kubeconfig {path}: {exc}") from None
     configuration = client.Configuration.get_default_copy()
-    # one kept-alive connection per API thread: past maxsize urllib3 opens and discards a new one (TLS)
+    # kept-alive connections for the reads (writes have their own, apiwriter.py): past maxsize urllib3
+    # opens and discards a new one (TLS) per call
     configuration.connection_pool_maxsize = pool_size
     return client.ApiClient(configuration), configuration.host
 
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     gcpolicy.tune()
     if not args.retry_period < args.renew_deadline < args.lease_duration:
         raise UserError("need --retry-period < --renew-deadline < --lease-duration")
-    api_client, host = _kube_client(args.kubeconfig, pool_size=args.bind_workers + args.event_workers + 4)
+    api_client, host = _kube_client(args.kubeconfig)
     api = KubeApi(api_client, workers=args.bind_workers, component=args.scheduler_name)
     urllib3_log = logging.getLogger("urllib3")
     level = urllib3_log.level

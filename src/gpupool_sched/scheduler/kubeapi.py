@@ -1,13 +1,11 @@
 """Every call the scheduler makes to the API server (the kopf watch aside).
 
-The `kubernetes` client is synchronous, so calls run on a bounded thread pool and are awaited from
-the event loop: the cycle never waits on an API round trip, and many binds are in flight at once.
-Hot paths work on raw JSON: writes go by path through the client's `call_api` (its generated
-per-endpoint methods validate every argument with pydantic first, about a tenth of a call's CPU),
-reads skip the client's model objects (building them for thousands of pods costs more than the
-calls themselves). Sending the writes from the event loop instead (aiohttp) was measured and
-dropped: the loop is the scheduler's one serial resource, and the binds then took its time (see
-docs/benchmarks.md).
+Writes (Bindings, Events, status patches, evictions) go out from one thread of their own running an
+aiohttp session (`apiwriter.py`): the cycle never waits on an API round trip, many writes are in
+flight at once, and each costs a third of the CPU it did through the `kubernetes` client on a thread
+pool (see docs/benchmarks.md). Reads (LISTs at start-up, leases) are few and stay on the client,
+on a small thread pool, and skip its model objects (building them for thousands of pods costs more
+than the calls themselves).
 """
 
 from __future__ import annotations
@@ -22,8 +20,11 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+import aiohttp
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from gpupool_sched.scheduler.apiwriter import ApiWriter, Lane
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -77,29 +78,33 @@ def now_rfc3339(micro: bool = False) -> str:
 
 class KubeApi:
     def __init__(self, api_client: client.ApiClient, *, workers: int = 16, component: str = "gpupool") -> None:
+        """`workers`: writes on the wire at once (more wait their turn), and threads for reads."""
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
         self.component = component
         self.identity = component
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")
-        self._lanes: list[KubeApi] = []
+        self._writer = ApiWriter(api_client.configuration, getattr(api_client, "user_agent", None))
+        self._lane: Lane = self._writer.lane(workers)
+        self._owner = True
 
     def lane(self, name: str, workers: int) -> KubeApi:
-        """The same client and credentials on threads of its own: calls made through the lane never
-        queue behind this one's (Events and status reports behind a burst of Bindings)."""
+        """The same client and credentials with a write limit of its own: writes made through the
+        lane never queue behind this one's (Events and status reports behind a burst of Bindings)."""
         other = copy.copy(self)
-        other._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kubeapi-{name}")
-        other._lanes = []
-        self._lanes.append(other)
+        other._lane = self._writer.lane(workers)
+        other._owner = False
         return other
 
     def close(self) -> None:
-        for lane in self._lanes:
-            lane.close()
+        if not self._owner:
+            return
+        self._writer.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn` (a blocking call through the `kubernetes` client) on the read threads."""
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
@@ -111,21 +116,14 @@ class KubeApi:
             raise ApiError.from_exception(exc) from None
 
     async def write(self, method: str, api_path: str, body: Mapping[str, Any], content_type: str = JSON) -> None:
-        """A write whose answer is not needed; ApiError on failure. The answer is read in the worker
-        thread, which hands its connection back to the pool (an unread one costs a TLS handshake)."""
-
-        def send() -> None:
-            verb, url, headers, data, post = self.api_client.param_serialize(
-                method=method, resource_path=api_path, body=body,
-                header_params={"Accept": JSON, "Content-Type": content_type}, auth_settings=["BearerToken"],
-            )
-            resp = self.api_client.call_api(verb, url, header_params=headers, body=data, post_params=post,
-                                            _request_timeout=REQUEST_TIMEOUT_S)
-            raw = resp.read()
-            if not 200 <= resp.status < 300:
-                raise ApiError.from_body(resp.status, resp.reason or "", raw or b"")
-
-        await self.call(send)
+        """A write whose answer is not needed; ApiError on failure (status 0: no answer). Its timeout
+        counts from when its turn on the lane comes."""
+        try:
+            answer = await self._lane.send(method, api_path, body, content_type, REQUEST_TIMEOUT_S)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+            raise ApiError(0, type(exc).__name__, str(exc) or type(exc).__name__) from None
+        if not 200 <= answer.status < 300:
+            raise ApiError.from_body(answer.status, answer.reason, answer.body)
 
     # ---- reads ---------------------------------------------------------------------------------
     def list_raw_sync(

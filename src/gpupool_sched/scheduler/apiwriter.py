@@ -1,0 +1,174 @@
+"""API writes from one thread of their own: an asyncio loop with an aiohttp session.
+
+Bindings, Events and status patches used to go through the `kubernetes` client on 80 threads. Each
+write then cost 1.1-1.4 ms of the scheduler's CPU in a 1,000-node burst (urllib3 and the client in
+Python, and 80 threads handing the GIL around), as much as the event loop spent deciding. On one loop
+that only sends and reads, aiohttp's C parser does the same write for a third of that, and only two
+threads (the scheduler's loop and this one) share the GIL. The scheduler's loop never runs a write
+itself: that was tried (docs/benchmarks.md) and the writes then took the loop's time.
+
+Concurrency is bounded per caller (`Lane`): Bindings and reports each have their own limit, so a
+burst of one never queues the other, and a write's timeout starts when its turn comes, not while it
+waits for one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import ssl
+import threading
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
+
+import aiohttp
+
+T = TypeVar("T")
+
+
+class Answer:
+    """The status line and body of a write's answer."""
+
+    __slots__ = ("body", "reason", "status")
+
+    def __init__(self, status: int, reason: str, body: bytes) -> None:
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+
+def ssl_context(cfg: Any) -> ssl.SSLContext | bool:
+    """TLS as the `kubernetes` client's configuration asks for it (CA file or data, client
+    certificate, verification switched off, a server name other than the host's)."""
+    if not str(cfg.host).startswith("https"):
+        return False
+    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None, cadata=getattr(cfg, "ca_cert_data", None))
+    if not cfg.verify_ssl:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif cfg.assert_hostname is False:
+        ctx.check_hostname = False
+    if cfg.cert_file:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file or None)
+    return ctx
+
+
+class ApiWriter:
+    """One daemon thread running an event loop and an aiohttp session to the configured API server."""
+
+    def __init__(self, configuration: Any, user_agent: str | None = None) -> None:
+        self.cfg = configuration
+        self.host = str(configuration.host).rstrip("/")
+        self.user_agent = user_agent
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def _ensure_started(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._closed:
+                raise ConnectionError("the API writer is closed")
+            if self._loop is None:
+                ready = threading.Event()
+                loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=self._run, args=(loop, ready), name="kubeapi-writer",
+                                                daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    def _run(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(self._open())
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(self._shut())
+            loop.close()
+
+    async def _open(self) -> None:
+        # no limit on the pool itself: each lane's semaphore bounds what is on the wire
+        connector = aiohttp.TCPConnector(limit=0, ssl=ssl_context(self.cfg), keepalive_timeout=60)
+        self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",),
+                                              json_serialize=json.dumps)
+
+    async def _shut(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        try:
+            loop = self._ensure_started()
+        except ConnectionError:
+            coro.close()
+            raise
+        return asyncio.run_coroutine_threadsafe(coro, loop)
+
+    def lane(self, limit: int) -> Lane:
+        return Lane(self, limit)
+
+    def _headers(self, content_type: str) -> dict[str, str]:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        if self.user_agent:
+            headers["User-Agent"] = self.user_agent
+        # asked per request, as the client does: its refresh hook rotates an in-cluster token
+        for auth in self.cfg.auth_settings().values():
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[auth["key"]] = auth["value"]
+        return headers
+
+    async def _send(self, method: str, api_path: str, body: Mapping[str, Any], content_type: str,
+                    timeout_s: float) -> Answer:
+        assert self._session is not None
+        data = json.dumps(body, separators=(",", ":")).encode()
+        headers = self._headers(content_type)
+        async with asyncio.timeout(timeout_s):
+            async with self._session.request(
+                method, self.host + api_path, data=data, headers=headers,
+                proxy=self.cfg.proxy or None, server_hostname=getattr(self.cfg, "tls_server_name", None) or None,
+            ) as resp:
+                raw = await resp.read()  # read whole: the connection goes back to the pool
+                return Answer(resp.status, resp.reason or "", raw)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        with self._lock:
+            self._closed = True
+            loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not threading.current_thread():
+            thread.join(timeout_s)
+
+
+class Lane:
+    """At most `limit` of this caller's writes on the wire at once; the rest wait their turn."""
+
+    def __init__(self, writer: ApiWriter, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("a lane needs room for one write")
+        self.writer = writer
+        self.limit = limit
+        self._sem: asyncio.Semaphore | None = None  # made on the writer's loop, used only there
+
+    async def send(self, method: str, api_path: str, body: Mapping[str, Any], content_type: str,
+                   timeout_s: float) -> Answer:
+        """Awaited from any event loop; the request itself runs on the writer's."""
+        return await asyncio.wrap_future(self.writer.submit(self._turn(method, api_path, body, content_type,
+                                                                       timeout_s)))
+
+    async def _turn(self, method: str, api_path: str, body: Mapping[str, Any], content_type: str,
+                    timeout_s: float) -> Answer:
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.limit)
+        async with self._sem:
+            return await self.writer._send(method, api_path, body, content_type, timeout_s)
