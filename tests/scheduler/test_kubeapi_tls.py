@@ -123,3 +123,13 @@ def test_a_server_the_ca_did_not_sign_is_refused(pki: tuple[ClusterPki, Path, Pa
 def test_verification_switched_off_still_presents_the_certificate(pki: tuple[ClusterPki, Path, Path]) -> None:
     cluster, cert, key = pki
     assert _bind_with(cluster, verify_ssl=False, cert_file=str(cert), key_file=str(key)) == [CLIENT_CN]
+
+
+def test_an_unreadable_client_certificate_fails_each_write_with_the_reason(
+    pki: tuple[ClusterPki, Path, Path], tmp_path: Path,
+) -> None:
+    cluster, _, key = pki
+    missing = tmp_path / "gone.crt"
+    with pytest.raises(ApiError) as err:  # not a hang: the writer thread's set-up failure is the answer
+        _bind_with(cluster, ssl_ca_cert=str(cluster.ca_cert), cert_file=str(missing), key_file=str(key))
+    assert err.value.status == 0 and "cannot set up the API writer" in err.value.message

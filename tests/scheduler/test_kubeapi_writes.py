@@ -50,7 +50,10 @@ class Server:
 async def _with_server(test: Any, **api_args: Any) -> None:
     server = Server()
     app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", server.handle)
+    async def route(request: web.Request) -> web.Response:
+        return await server.handle(request)  # looked up per request: a test may replace it
+
+    app.router.add_route("*", "/{tail:.*}", route)
     runner = web.AppRunner(app)
     await runner.setup()
     port = _free_port()

@@ -42,10 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpupool_sched.extender.core import ExtenderConfig
+    from gpupool_sched.scheduler.apiwriter import tune_switch_interval
     from gpupool_sched.scheduler.kubeapi import KubeApi
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     gcpolicy.tune()
+    tune_switch_interval()
     api_client, host = _kube_client(args.kubeconfig)
     api = KubeApi(api_client, component="gpupool-extender")
     try:

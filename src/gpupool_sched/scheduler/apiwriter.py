@@ -7,6 +7,12 @@ that only sends and reads, aiohttp's C parser does the same write for a third of
 threads (the scheduler's loop and this one) share the GIL. The scheduler's loop never runs a write
 itself: that was tried (docs/benchmarks.md) and the writes then took the loop's time.
 
+The writer thread needs the GIL for a moment at each step of a write (wake-up, send, answer). With
+CPython's default switch interval (5 ms) a loop thread that gives the GIL up only briefly, as an
+asyncio loop does between callbacks, can keep it from the writer indefinitely: a test loop that runs
+2 ms callbacks back to back starved every write into its 15 s timeout, through this writer and
+through the old client threads alike (`tune_switch_interval`, called by the CLIs, sets 1 ms).
+
 Concurrency is bounded per caller (`Lane`): Bindings and reports each have their own limit, so a
 burst of one never queues the other, and a write's timeout starts when its turn comes, not while it
 waits for one.
@@ -18,6 +24,7 @@ import asyncio
 import concurrent.futures
 import json
 import ssl
+import sys
 import threading
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
@@ -25,6 +32,13 @@ from typing import Any, TypeVar
 import aiohttp
 
 T = TypeVar("T")
+
+SWITCH_INTERVAL_S = 0.001  # CPython: 0.005
+
+
+def tune_switch_interval() -> None:
+    """A thread waiting for the GIL gets it within 1 ms: call once, at process start."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 class Answer:
@@ -66,11 +80,14 @@ class ApiWriter:
         self._thread: threading.Thread | None = None
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        self._failed: Exception | None = None
 
     def _ensure_started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._closed:
                 raise ConnectionError("the API writer is closed")
+            if self._failed is not None:
+                raise ConnectionError(f"cannot set up the API writer: {self._failed}")
             if self._loop is None:
                 ready = threading.Event()
                 loop = asyncio.new_event_loop()
@@ -78,13 +95,21 @@ class ApiWriter:
                                                 daemon=True)
                 self._thread.start()
                 ready.wait()
+                if self._failed is not None:
+                    raise ConnectionError(f"cannot set up the API writer: {self._failed}")
                 self._loop = loop
             return self._loop
 
     def _run(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
         asyncio.set_event_loop(loop)
-        loop.run_until_complete(self._open())
-        ready.set()
+        try:
+            loop.run_until_complete(self._open())
+        except Exception as exc:  # e.g. an unreadable client certificate: every write says so
+            self._failed = exc
+            loop.close()
+            return
+        finally:
+            ready.set()
         try:
             loop.run_forever()
         finally:

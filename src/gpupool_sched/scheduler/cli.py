@@ -117,11 +117,13 @@ def _kube_client(kubeconfig: str | None, pool_size: int = 8):
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpupool_sched.scheduler.apiwriter import tune_switch_interval
     from gpupool_sched.scheduler.kubeapi import KubeApi
     from gpupool_sched.scheduler.service import SchedulerConfig
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     gcpolicy.tune()
+    tune_switch_interval()
     if not args.retry_period < args.renew_deadline < args.lease_duration:
         raise UserError("need --retry-period < --renew-deadline < --lease-duration")
     api_client, host = _kube_client(args.kubeconfig)

@@ -33,6 +33,7 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 REQUEST_TIMEOUT_S = 15
+MAX_MESSAGE = 1024  # of an Event's or a condition's message
 
 
 class ApiError(Exception):
@@ -179,20 +180,21 @@ class KubeApi:
 
     async def post_event(
         self, pod: Mapping[str, str], *, kind: str, reason: str, message: str, action: str = "Scheduling",
-        involved: tuple[str, str] = ("v1", "Pod"),
+        involved: tuple[str, str] = ("v1", "Pod"), event: str | None = None,
     ) -> None:
         """A core/v1 Event on the pod (or on the namespaced object of `involved`: apiVersion, kind), as
-        kube-scheduler writes them."""
+        kube-scheduler writes them; `event` names it (else the API server makes up a name)."""
         now = now_rfc3339()
         api_version, object_kind = involved
+        meta = {"name": event} if event else {"generateName": f"{pod['name']}."}
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{pod['name']}.", "namespace": pod["namespace"]},
+            "metadata": {**meta, "namespace": pod["namespace"]},
             "involvedObject": {"apiVersion": api_version, "kind": object_kind, "namespace": pod["namespace"],
                                "name": pod["name"], "uid": pod["uid"]},
             "reason": reason,
-            "message": message[:1024],
+            "message": message[:MAX_MESSAGE],
             "type": kind,
             "action": action,
             "source": {"component": self.component},
@@ -204,11 +206,16 @@ class KubeApi:
         }
         await self.write("POST", path("api", "v1", "namespaces", pod["namespace"], "events"), body)
 
+    async def update_event_count(self, namespace: str, event: str, count: int) -> None:
+        """The Event's `count` and `lastTimestamp`: the same report happened again."""
+        await self.write("PATCH", path("api", "v1", "namespaces", namespace, "events", event),
+                         {"count": count, "lastTimestamp": now_rfc3339()}, MERGE_PATCH)
+
     async def set_unschedulable(self, namespace: str, name: str, message: str) -> None:
         """PodScheduled=False, reason Unschedulable: what `kubectl describe` and autoscalers read."""
         patch = {"status": {"conditions": [{
             "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-            "message": message[:1024], "lastTransitionTime": now_rfc3339(),
+            "message": message[:MAX_MESSAGE], "lastTransitionTime": now_rfc3339(),
         }]}}
         await self.write("PATCH", _pod_path(namespace, name, "status"), patch, STRATEGIC_MERGE_PATCH)
 

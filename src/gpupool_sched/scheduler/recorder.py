@@ -2,8 +2,14 @@
 
 Reports go into a bounded queue drained by a few workers, as kube-scheduler's event broadcaster
 does: a burst of thousands of binds must not queue thousands of API calls in front of the next
-Binding (the API client's threads are shared), and when the queue is full a report is dropped and
-counted rather than held in memory. Scheduling never waits on a report.
+Binding, and when the queue is full a report is dropped and counted rather than held in memory.
+Scheduling never waits on a report.
+
+A pod that stays unschedulable is tried again whenever the cluster changes in a way that could
+help it, and each try ends in the same report. As client-go's event correlator does, a report
+identical to one made for the same object within `series_window_s` joins the earlier Event: its
+`count` and `lastTimestamp` are updated, at most once per `series_refresh_s`, instead of a new
+Event being posted each time (`kubectl describe` then shows "x12 over 5m").
 """
 
 from __future__ import annotations
@@ -11,12 +17,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any
 
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
+from gpupool_sched.scheduler.kubeapi import MAX_MESSAGE, ApiError, KubeApi
 from gpupool_sched.scheduler.metrics import SchedulerMetrics
 
 log = logging.getLogger(__name__)
+
+SERIES_WINDOW_S = 360.0  # client-go: an isomorphic event within 6 minutes joins the series
+SERIES_REFRESH_S = 60.0
+SERIES_CAPACITY = 20_000  # objects whose last report is remembered (least recently reported dropped)
+MAX_NAME = 253
+
+
+def says_unschedulable(pod: dict[str, Any], message: str) -> bool:
+    """The pod's PodScheduled condition already is False / Unschedulable with this message."""
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if c.get("type") == "PodScheduled":
+            return bool(c.get("status") == "False" and c.get("reason") == "Unschedulable"
+                        and c.get("message") == message[:MAX_MESSAGE])
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,27 +52,44 @@ class Report:
     message: str
     unschedulable: bool = False  # also set PodScheduled=False, reason Unschedulable
     involved: tuple[str, str] = ("v1", "Pod")  # apiVersion, kind of the object
+    event: str | None = None  # Warnings: the Event object's name, None: the condition only; others: made up
+    count: int = 1  # > 1: update the count of the existing Event `event`
+
+
+@dataclass(slots=True)
+class _Series:
+    event: str
+    count: int
+    seen: float  # monotonic: the last identical report
+    written: float  # monotonic: the last write of the Event
 
 
 class EventRecorder:
-    def __init__(self, api: KubeApi, metrics: SchedulerMetrics, *, workers: int = 4, capacity: int = 1000) -> None:
+    def __init__(self, api: KubeApi, metrics: SchedulerMetrics, *, workers: int = 4, capacity: int = 1000,
+                 series_window_s: float = SERIES_WINDOW_S, series_refresh_s: float = SERIES_REFRESH_S) -> None:
         if workers < 1 or capacity < 1:
             raise ValueError("need at least one worker and room for one report")
         self.api = api
         self.metrics = metrics
         self.workers = workers
-        self._queue: asyncio.Queue[Report] = asyncio.Queue(maxsize=capacity)
+        self.series_window_s = series_window_s
+        self.series_refresh_s = series_refresh_s
+        # one queue per worker, chosen by the object's UID: one pod's reports are written in the order
+        # they were made (a later condition is never overwritten by an earlier one still in flight)
+        room = max(1, capacity // workers)
+        self._queues: list[asyncio.Queue[Report]] = [asyncio.Queue(maxsize=room) for _ in range(workers)]
         self._tasks: list[asyncio.Task[None]] = []
+        self._series: OrderedDict[tuple[str, str, str, str], _Series] = OrderedDict()
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._work(), name=f"events-{i}") for i in range(self.workers)]
+        self._tasks = [loop.create_task(self._work(q), name=f"events-{i}") for i, q in enumerate(self._queues)]
 
     async def stop(self, flush_s: float = 2.0) -> None:
         """Post what is queued (for at most `flush_s`), then stop."""
-        if self._tasks and not self._queue.empty():
+        if self._tasks and self.queued:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._queue.join(), timeout=flush_s)
+                await asyncio.wait_for(self.flush(), timeout=flush_s)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -57,15 +97,20 @@ class EventRecorder:
 
     @property
     def queued(self) -> int:
-        return self._queue.qsize()
+        return sum(q.qsize() for q in self._queues)
+
+    async def flush(self) -> None:
+        """Until every report queued so far is written (or failed)."""
+        await asyncio.gather(*(q.join() for q in self._queues))
 
     def scheduled(self, namespace: str, name: str, uid: str, node: str) -> None:
         self._put(Report(namespace, name, uid, "Normal", "Scheduled",
                          f"Successfully assigned {namespace}/{name} to {node}"))
 
-    def unschedulable(self, namespace: str, name: str, uid: str, message: str) -> None:
-        """A FailedScheduling Event and PodScheduled=False with reason Unschedulable."""
-        self._put(Report(namespace, name, uid, "Warning", "FailedScheduling", message, unschedulable=True))
+    def unschedulable(self, namespace: str, name: str, uid: str, message: str, *, condition: bool = True) -> None:
+        """A FailedScheduling Event and PodScheduled=False with reason Unschedulable (`condition`
+        False: the pod's condition already says so, as kube-scheduler skips an unchanged one)."""
+        self._put(Report(namespace, name, uid, "Warning", "FailedScheduling", message, unschedulable=condition))
 
     def record(self, namespace: str, name: str, uid: str, kind: str, reason: str, message: str) -> None:
         """Any other Event on a pod (preemption's Preempting, Preempted, PreemptionFailed)."""
@@ -77,31 +122,53 @@ class EventRecorder:
         self._put(Report(namespace, name, uid, kind, reason, message, involved=involved))
 
     def _put(self, report: Report) -> None:
+        if report.kind != "Warning":  # Scheduled, Preempting: once per pod, never a series
+            self._enqueue(report)
+            return
+        key = (report.uid, report.reason, report.message, report.involved[1])
+        now = time.monotonic()
+        series = self._series.get(key)
+        if series is not None and now - series.seen < self.series_window_s:
+            series.count += 1
+            series.seen = now
+            self._series.move_to_end(key)
+            if now - series.written < self.series_refresh_s:
+                self.metrics.events.labels(reason=report.reason, outcome="aggregated").inc()
+                if report.unschedulable:  # the Event is current enough; the condition is not
+                    self._enqueue(replace(report, event=None))
+                return
+            if self._enqueue(replace(report, event=series.event, count=series.count)):
+                series.written = now
+            return
+        event = f"{report.name[:MAX_NAME - 17]}.{time.time_ns():x}"  # as client-go names them
+        if self._enqueue(replace(report, event=event)):
+            self._series[key] = _Series(event, 1, now, now)
+            self._series.move_to_end(key)
+            while len(self._series) > SERIES_CAPACITY:
+                self._series.popitem(last=False)
+
+    def _enqueue(self, report: Report) -> bool:
         try:
-            self._queue.put_nowait(report)
+            self._queues[hash(report.uid) % len(self._queues)].put_nowait(report)
+            return True
         except asyncio.QueueFull:
             self.metrics.events.labels(reason=report.reason, outcome="dropped").inc()
             log.debug("event queue full; dropped %s on %s/%s", report.reason, report.namespace, report.name)
+            return False
 
-    async def _work(self) -> None:
+    async def _work(self, queue: asyncio.Queue[Report]) -> None:
         while True:
-            report = await self._queue.get()
+            report = await queue.get()
             try:
                 await self._post(report)
             except Exception:  # a report never stops the worker
                 log.exception("posting %s on %s/%s failed", report.reason, report.namespace, report.name)
             finally:
-                self._queue.task_done()
+                queue.task_done()
 
     async def _post(self, r: Report) -> None:
-        try:
-            await self.api.post_event({"namespace": r.namespace, "name": r.name, "uid": r.uid},
-                                      kind=r.kind, reason=r.reason, message=r.message, involved=r.involved)
-            self.metrics.events.labels(reason=r.reason, outcome="posted").inc()
-        except ApiError as exc:
-            self.metrics.events.labels(reason=r.reason, outcome="failed").inc()
-            if exc.status not in (404, 403):
-                log.warning("event %s on %s/%s failed: %s", r.reason, r.namespace, r.name, exc)
+        if r.event is not None or r.kind != "Warning":
+            await self._write_event(r)
         if not r.unschedulable:
             return
         try:
@@ -109,3 +176,23 @@ class EventRecorder:
         except ApiError as exc:
             if exc.status != 404:
                 log.warning("pod %s/%s: setting PodScheduled=False failed: %s", r.namespace, r.name, exc)
+
+    async def _write_event(self, r: Report) -> None:
+        try:
+            if r.count > 1 and r.event is not None:
+                await self.api.update_event_count(r.namespace, r.event, r.count)
+                self.metrics.events.labels(reason=r.reason, outcome="updated").inc()
+            else:
+                await self.api.post_event({"namespace": r.namespace, "name": r.name, "uid": r.uid}, kind=r.kind,
+                                          reason=r.reason, message=r.message, involved=r.involved, event=r.event)
+                self.metrics.events.labels(reason=r.reason, outcome="posted").inc()
+        except ApiError as exc:
+            self.metrics.events.labels(reason=r.reason, outcome="failed").inc()
+            if r.count > 1 and r.event is not None and exc.status == 404:  # expired (the API server's TTL)
+                self._forget_event(r.event)
+            elif exc.status not in (404, 403):
+                log.warning("event %s on %s/%s failed: %s", r.reason, r.namespace, r.name, exc)
+
+    def _forget_event(self, event: str) -> None:
+        for key in [k for k, s in self._series.items() if s.event == event]:
+            del self._series[key]

@@ -41,7 +41,7 @@ from gpupool_sched.scheduler.podspec import InvalidPod, PodPlan, pod_revision
 from gpupool_sched.scheduler.preemptor import DisruptionBudgets, Preemptor, may_preempt, running_pods
 from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, SchedulingQueue
 from gpupool_sched.scheduler.quotas import QuotaBook
-from gpupool_sched.scheduler.recorder import EventRecorder
+from gpupool_sched.scheduler.recorder import EventRecorder, says_unschedulable
 from gpupool_sched.scheduler.state import ClusterState, Phase
 
 log = logging.getLogger(__name__)
@@ -474,7 +474,7 @@ class SchedulerService:
         meta = obj.get("metadata") or {}
         ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
         log.info("pod %s/%s: %s", ns, name, message)
-        self.recorder.unschedulable(ns, name, uid, message)
+        self.recorder.unschedulable(ns, name, uid, message, condition=not says_unschedulable(obj, message))
 
     # ---- housekeeping: flush, expiry, gauges -----------------------------------------------------
     async def _housekeeping(self) -> None:
