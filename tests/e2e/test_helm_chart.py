@@ -61,6 +61,9 @@ NOT_EXERCISED: dict[str, dict[tuple[str, str, str], str]] = {
         # quotas only: the status of a GpuQuota (used, borrowed, conditions); proven in
         # tests/scheduler/test_quotas.py and tests/e2e/test_quotas.py
         ("gpupool.io", "gpuquotas/status", "patch"): "GpuQuota status",
+        # the count of a FailedScheduling repeated a minute or more after it was posted;
+        # proven against a real HTTP server in tests/scheduler/test_recorder.py
+        ("", "events", "patch"): "repeated FailedScheduling count",
     },
     "deviceplugin": {},
 }
