@@ -153,7 +153,7 @@ def test_reports_on_their_own_lane_do_not_wait_behind_binds() -> None:
 
     async def test(api: KubeApi, server: Server) -> None:
         server.hold = asyncio.Event()
-        reports = api.lane("reports", 1)
+        reports = api.lane(1)
         binds = [asyncio.ensure_future(api.bind("team-a", f"p-{i}", f"uid-{i}", "node-7", {})) for i in range(6)]
         try:  # on one lane these would wait for the held binds: a timeout, not a hang
             await asyncio.wait_for(reports.post_event(

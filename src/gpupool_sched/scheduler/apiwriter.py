@@ -27,6 +27,7 @@ import ssl
 import sys
 import threading
 from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
@@ -41,15 +42,13 @@ def tune_switch_interval() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
+@dataclass(frozen=True, slots=True)
 class Answer:
     """The status line and body of a write's answer."""
 
-    __slots__ = ("body", "reason", "status")
-
-    def __init__(self, status: int, reason: str, body: bytes) -> None:
-        self.status = status
-        self.reason = reason
-        self.body = body
+    status: int
+    reason: str
+    body: bytes
 
 
 def ssl_context(cfg: Any) -> ssl.SSLContext | bool:
@@ -119,8 +118,7 @@ class ApiWriter:
     async def _open(self) -> None:
         # no limit on the pool itself: each lane's semaphore bounds what is on the wire
         connector = aiohttp.TCPConnector(limit=0, ssl=ssl_context(self.cfg), keepalive_timeout=60)
-        self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",),
-                                              json_serialize=json.dumps)
+        self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
 
     async def _shut(self) -> None:
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -151,7 +149,7 @@ class ApiWriter:
                 headers[auth["key"]] = auth["value"]
         return headers
 
-    async def _send(self, method: str, api_path: str, body: Mapping[str, Any], content_type: str,
+    async def request(self, method: str, api_path: str, body: Mapping[str, Any], content_type: str,
                     timeout_s: float) -> Answer:
         assert self._session is not None
         data = json.dumps(body, separators=(",", ":")).encode()
@@ -196,4 +194,4 @@ class Lane:
         if self._sem is None:
             self._sem = asyncio.Semaphore(self.limit)
         async with self._sem:
-            return await self.writer._send(method, api_path, body, content_type, timeout_s)
+            return await self.writer.request(method, api_path, body, content_type, timeout_s)

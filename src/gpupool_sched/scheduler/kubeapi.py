@@ -90,7 +90,7 @@ class KubeApi:
         self._lane: Lane = self._writer.lane(workers)
         self._owner = True
 
-    def lane(self, name: str, workers: int) -> KubeApi:
+    def lane(self, workers: int) -> KubeApi:
         """The same client and credentials with a write limit of its own: writes made through the
         lane never queue behind this one's (Events and status reports behind a burst of Bindings)."""
         other = copy.copy(self)

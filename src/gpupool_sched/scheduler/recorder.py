@@ -52,8 +52,14 @@ class Report:
     message: str
     unschedulable: bool = False  # also set PodScheduled=False, reason Unschedulable
     involved: tuple[str, str] = ("v1", "Pod")  # apiVersion, kind of the object
-    event: str | None = None  # Warnings: the Event object's name, None: the condition only; others: made up
+    event: str | None = None  # the Event object's name (None: the API server makes one up)
     count: int = 1  # > 1: update the count of the existing Event `event`
+    post: bool = True  # False: the condition only (the Event is current)
+
+    @property
+    def series_key(self) -> tuple[str, str, str, str]:
+        """Reports with the same key are one series: same object, reason and message."""
+        return (self.uid, self.reason, self.message, self.involved[1])
 
 
 @dataclass(slots=True)
@@ -125,7 +131,7 @@ class EventRecorder:
         if report.kind != "Warning":  # Scheduled, Preempting: once per pod, never a series
             self._enqueue(report)
             return
-        key = (report.uid, report.reason, report.message, report.involved[1])
+        key = report.series_key
         now = time.monotonic()
         series = self._series.get(key)
         if series is not None and now - series.seen < self.series_window_s:
@@ -135,7 +141,7 @@ class EventRecorder:
             if now - series.written < self.series_refresh_s:
                 self.metrics.events.labels(reason=report.reason, outcome="aggregated").inc()
                 if report.unschedulable:  # the Event is current enough; the condition is not
-                    self._enqueue(replace(report, event=None))
+                    self._enqueue(replace(report, post=False))
                 return
             if self._enqueue(replace(report, event=series.event, count=series.count)):
                 series.written = now
@@ -167,7 +173,7 @@ class EventRecorder:
                 queue.task_done()
 
     async def _post(self, r: Report) -> None:
-        if r.event is not None or r.kind != "Warning":
+        if r.post:
             await self._write_event(r)
         if not r.unschedulable:
             return
@@ -179,7 +185,7 @@ class EventRecorder:
 
     async def _write_event(self, r: Report) -> None:
         try:
-            if r.count > 1 and r.event is not None:
+            if r.count > 1 and r.event:
                 await self.api.update_event_count(r.namespace, r.event, r.count)
                 self.metrics.events.labels(reason=r.reason, outcome="updated").inc()
             else:
@@ -188,11 +194,9 @@ class EventRecorder:
                 self.metrics.events.labels(reason=r.reason, outcome="posted").inc()
         except ApiError as exc:
             self.metrics.events.labels(reason=r.reason, outcome="failed").inc()
-            if r.count > 1 and r.event is not None and exc.status == 404:  # expired (the API server's TTL)
-                self._forget_event(r.event)
+            if r.count > 1 and exc.status == 404:  # the Event expired (the API server's TTL): start anew
+                series = self._series.get(r.series_key)
+                if series is not None and series.event == r.event:
+                    del self._series[r.series_key]
             elif exc.status not in (404, 403):
                 log.warning("event %s on %s/%s failed: %s", r.reason, r.namespace, r.name, exc)
-
-    def _forget_event(self, event: str) -> None:
-        for key in [k for k, s in self._series.items() if s.event == event]:
-            del self._series[key]

@@ -122,7 +122,7 @@ class SchedulerService:
         self._tasks: list[asyncio.Task[None]] = []
         # reports on API threads of their own: behind a burst of Bindings they would wait their turn
         # for its whole length and the bounded queue would drop nearly all of them
-        self.recorder = EventRecorder(api.lane("reports", config.event_workers), self.metrics,
+        self.recorder = EventRecorder(api.lane(config.event_workers), self.metrics,
                                       workers=config.event_workers)
         self.budgets = DisruptionBudgets()
         self.preemptor = Preemptor(self.state, api, self.queue, self.metrics, self.recorder)
