@@ -71,6 +71,13 @@ class Prometheus:
                 [exe, f"--config.file={workdir / 'prometheus.yml'}", f"--web.listen-address=127.0.0.1:{self.port}",
                  f"--storage.tsdb.path={workdir / 'tsdb'}"], stdout=log, stderr=subprocess.STDOUT)
 
+    def scrape_health(self) -> list[str]:
+        """Per target: failed scrapes and the slowest scrape over the last 10 minutes."""
+        failed = {r["metric"]["instance"]: r["value"][1] for r in self.query("count_over_time((up == 0)[10m:1s])")}
+        slowest = self.query("max_over_time(scrape_duration_seconds[10m])")
+        return [f"{r['metric']['job']} {r['metric']['instance']}: slowest {float(r['value'][1]):.3f} s, "
+                f"{failed.get(r['metric']['instance'], '0')} failed" for r in slowest]
+
     def get(self, path: str, **params: str | float) -> Any:
         url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
         with urllib.request.urlopen(url, timeout=10) as answer:
@@ -222,9 +229,13 @@ def test_prometheus_scrapes_scheduler_and_plugins_and_every_panel_has_data(
 
         out = os.environ.get("GPUPOOL_RENDER_DASHBOARD")
         image = Path(out) if out else tmp_path / "dashboard.png"
-        counts = _renderer().render(prom.url, image, start=started, end=time.time(), step=1.0, rate_interval="15s")
+        # the same rate window as the instant queries: a CI run once drew a panel empty at 15 s (which one,
+        # the truncated message did not say); a failure now names the panels and the scrapes' health
+        counts = _renderer().render(prom.url, image, start=started, end=time.time(), step=1.0,
+                                    rate_interval=RATE_WINDOW)
         assert image.stat().st_size > 10_000
-        assert all(n > 0 for n in counts.values()), counts
+        drawn_empty = [title for title, n in counts.items() if n == 0]
+        assert not drawn_empty, f"panels drawn without a series: {drawn_empty}; scrapes: {prom.scrape_health()}"
     finally:
         prom.stop()
         scheduler.process.terminate()
