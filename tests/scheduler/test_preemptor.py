@@ -321,3 +321,94 @@ def test_a_pod_preempts_at_most_max_preemptions_times(world: World) -> None:
     assert world.state.preemptions[uid] == 3
     world.state.apply_pod(bump(big), deleted=True)
     assert uid not in world.state.preemptions
+
+
+# ---- a nomination another instance made (failover, restart): rebuilt from status.nominatedNodeName ----
+
+def nominated(obj: dict[str, Any], node: str | None) -> dict[str, Any]:
+    out = bump(obj)
+    out.setdefault("status", {})["nominatedNodeName"] = node
+    return out
+
+
+def terminating(obj: dict[str, Any]) -> dict[str, Any]:
+    out = bump(obj)
+    out["metadata"]["deletionTimestamp"] = "2026-12-01T11:00:00Z"
+    return out
+
+
+def n1_victims(world: World) -> list[str]:
+    return [u for u, o in world.pods.items() if o["spec"]["nodeName"] == "n1"]
+
+
+@pytest.mark.parametrize("victims_first", [False, True])
+def test_a_new_leader_adopts_the_nomination_holds_the_room_and_does_not_preempt_again(
+    world: World, victims_first: bool
+) -> None:
+    """`world` is the new leader: it never decided the preemption. The old leader set the pod's
+    nominatedNodeName and evicted n1's pods; the new one sees that in either order (a LIST lists
+    pods in any order)."""
+    big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    uid = big["metadata"]["uid"]
+    victims = n1_victims(world)
+    events = [terminating(world.pods[v]) for v in victims[:3]]  # the fourth is evicted later
+    pending = nominated(big, "n1")
+    if victims_first:
+        for obj in events:
+            world.state.apply_pod(obj)
+    nomination = world.state.adopt_nomination(uid, "ns/critical", "n1", 1000, 90.0)
+    assert nomination is not None and nomination.adopted
+    if not victims_first:
+        for obj in events:
+            world.state.apply_pod(obj)
+    assert nomination.victims == set(victims[:3])
+    assert world.state.adopt_nomination(uid, "ns/critical", "n1", 1000, 90.0) is None  # seen: once
+    # the preemptor comes up: its victims still terminate, so no second preemption (n2 untouched)
+    again = world.schedule(pending)
+    assert again.preemption is None and again.statement is None
+    assert all(e.evicting_for is None for e in world.state.entries("n2"))
+    # the fourth victim is evicted late and joins; the gone ones' GPUs are held, not free
+    world.state.apply_pod(terminating(world.pods[victims[3]]))
+    assert nomination.victims == set(victims)
+    for v in victims:
+        world.delete(v)
+    assert free_gpus(world.state, "n1") == [0, 0, 0, 0]
+    other = prio_pod("other", 500, gpus=1, scheduler="gpupool")
+    assert world.schedule(other, preempt=False).statement is None  # lower priority: the room is taken
+    placed = world.schedule(pending)
+    assert placed.statement is not None and placed.statement.placements[0][1].node == "n1"
+    assert uid not in world.state.nominations
+
+
+def test_an_adopted_nomination_ends_when_its_field_is_cleared_or_expires(world: World) -> None:
+    big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    uid = big["metadata"]["uid"]
+    victims = n1_victims(world)
+    world.state.adopt_nomination(uid, "ns/critical", "n1", 1000, 90.0)
+    world.state.apply_pod(terminating(world.pods[victims[0]]))
+    world.delete(victims[0])
+    assert sorted(free_gpus(world.state, "n1")).count(1000) == 0  # held
+    assert world.state.drop_adopted(uid)  # the leader cleared nominatedNodeName: the hold is free
+    assert sorted(free_gpus(world.state, "n1")).count(1000) == 1
+    # a nomination this instance decided itself is not dropped by that path, nor adopted again
+    result = world.schedule(big)
+    assert result.preemption is not None and result.preemption.node == "n1"
+    node = result.preemption.node
+    assert not world.state.drop_adopted(uid)
+    assert world.state.adopt_nomination(uid, "ns/critical", node, 1000, 90.0) is None
+    # expiry releases an adopted nomination's holds like any other
+    world.state.end_nomination(uid)
+    world.state.adopt_nomination(uid, "ns/critical", "n2", 1000, 90.0)
+    world.now[0] = 91.0
+    assert [n.key for n in world.state.expire_nominations()] == ["ns/critical"]
+
+
+def test_lower_priority_or_unrelated_terminations_do_not_join(world: World) -> None:
+    small = prio_pod("mid", 150, gpus=1, scheduler="gpupool")  # above n1's 100, below n2's 200
+    uid = small["metadata"]["uid"]
+    world.state.adopt_nomination(uid, "ns/mid", "n2", 150, 90.0)
+    n2 = [u for u, o in world.pods.items() if o["spec"]["nodeName"] == "n2"]
+    world.state.apply_pod(terminating(world.pods[n2[0]]))
+    assert world.state.nominations[uid].victims == set()  # priority 200 is no victim of 150
+    world.state.apply_pod(terminating(world.pods[n1_victims(world)[0]]))
+    assert world.state.nominations[uid].victims == set()  # another node

@@ -38,7 +38,13 @@ from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
 from gpupool_sched.scheduler.metrics import GPU_STATES, SchedulerMetrics, gpu_states
 from gpupool_sched.scheduler.podspec import InvalidPod, PodPlan, pod_revision
-from gpupool_sched.scheduler.preemptor import DisruptionBudgets, Preemptor, may_preempt, running_pods
+from gpupool_sched.scheduler.preemptor import (
+    DisruptionBudgets,
+    Preemptor,
+    may_preempt,
+    nomination_timeout_s,
+    running_pods,
+)
 from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, SchedulingQueue
 from gpupool_sched.scheduler.quotas import QuotaBook
 from gpupool_sched.scheduler.recorder import EventRecorder, says_unschedulable
@@ -285,6 +291,19 @@ class SchedulerService:
             item = QueuedPod(uid=uid, key=f"{meta.get('namespace')}/{meta.get('name')}", priority=priority,
                              created=_created(obj), payload=None, revision=pod_revision(obj))
             self.queue.add(item)
+            self._follow_nomination(uid, item.key, priority, obj)
+
+    def _follow_nomination(self, uid: str, key: str, priority: int, obj: dict[str, Any]) -> None:
+        """Mirror a nomination another instance made (status.nominatedNodeName): a standby holds what the
+        leader's victims free, so a failover does not hand that room to lower priorities or preempt again."""
+        node = (obj.get("status") or {}).get("nominatedNodeName")
+        if isinstance(node, str) and node:
+            nomination = self.state.adopt_nomination(uid, key, node, priority, 0.0)
+            if nomination is not None:
+                nomination.deadline = self.state.clock() + nomination_timeout_s(
+                    self.state, nomination.victims, self.cycle.nomination_slack_s)
+        elif self.state.drop_adopted(uid):
+            self.queue.on_event(ClusterEvent.GPU_FREED)
 
     def _track_gang(self, uid: str, obj: dict[str, Any], deleted: bool) -> None:
         if deleted:
@@ -537,6 +556,8 @@ class SchedulerService:
     def _expire_nominations(self) -> None:
         stale = self.state.expire_nominations()
         for nomination in stale:
+            if not self.leader.is_leader:
+                continue  # the leader clears the field; this replica only stops holding
             namespace, _, name = nomination.key.partition("/")
             self.preemptor.clear(namespace, name)
         if stale:

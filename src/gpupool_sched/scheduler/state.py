@@ -103,6 +103,7 @@ class Nomination:
     victims: set[str]  # UIDs still terminating
     deadline: float  # state clock
     holds: set[str] = field(default_factory=set)  # synthetic UIDs of NOMINATED entries
+    adopted: bool = False  # rebuilt from status.nominatedNodeName, not decided by this instance
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +162,7 @@ class ClusterState:
         self.nominations: dict[str, Nomination] = {}  # preemptor UID -> its nomination
         self.non_preempting_classes: set[str] = set()  # PriorityClasses with preemptionPolicy: Never
         self.preemptions: dict[str, int] = {}  # pending pod UID -> preemptions it started (a storm bound)
+        self._nominated_on: dict[str, str] = {}  # preemptor UID -> node of its latest nomination, ours or adopted
 
     # ---- facts for planning pods ----------------------------------------------------------------
     @property
@@ -275,7 +277,10 @@ class ClusterState:
             self._pod_rv.pop(uid, None)
             ended = self.end_nomination(uid)  # a preemptor gone: its holds go too
             self.preemptions.pop(uid, None)
+            self._nominated_on.pop(uid, None)
             entry = self.pods.get(uid)
+            if entry is not None and entry.evicting_for in (None, TERMINATING):
+                self._join_adopted(entry)
             if entry is not None and self._to_hold(entry):
                 return PodUpdate(gone=True, freed=True)  # its preemptor is woken; others find it taken
             node = entry.node if entry else None
@@ -302,6 +307,8 @@ class ClusterState:
             entry.resource_version = rv
             entry.pending = pending
             _describe(entry, obj)
+            if entry.evicting_for == TERMINATING:
+                self._join_adopted(entry)
             if acked:
                 # what the kubelet really allocated is the truth; re-account if it differs
                 self._account_from(entry, obj, node, None, ack)
@@ -328,6 +335,8 @@ class ClusterState:
         self.pods[uid] = entry
         self.by_node[node].add(uid)
         self._apply(entry)
+        if entry.evicting_for == TERMINATING:
+            self._join_adopted(entry)
         return PodUpdate(gone=True)
 
     def _holding(
@@ -504,6 +513,7 @@ class ClusterState:
         self.end_nomination(uid)
         self.preemptions[uid] = self.preemptions.get(uid, 0) + 1
         nomination = Nomination(uid, key, node, priority, set(), self.clock() + timeout_s)
+        self._nominated_on[uid] = node
         for victim in victims:
             entry = self.pods[victim]
             if entry.evicting_for is not None:
@@ -512,6 +522,47 @@ class ClusterState:
             nomination.victims.add(victim)
         self.nominations[uid] = nomination
         return nomination
+
+    def adopt_nomination(self, uid: str, key: str, node: str, priority: int, timeout_s: float) -> Nomination | None:
+        """A pending pod shows `status.nominatedNodeName: node` that this instance did not decide: another
+        leader preempted for it before a failover, or this one before a restart. Hold for it as that
+        leader did (kube-scheduler rebuilds its nominator from the same field): the node's pods of lower
+        priority that are already terminating become its victims, and those that go later join as they
+        go. None when there is nothing to adopt (the node is unknown, or this nomination was seen)."""
+        if self._nominated_on.get(uid) == node or node not in self.nodes or uid in self.pods:
+            return None
+        self.end_nomination(uid)
+        self._nominated_on[uid] = node
+        nomination = Nomination(uid, key, node, priority, set(), self.clock() + timeout_s, adopted=True)
+        self.nominations[uid] = nomination
+        for victim in sorted(self.by_node.get(node, ())):
+            entry = self.pods[victim]
+            if entry.evicting_for == TERMINATING and entry.request.priority < priority:
+                entry.evicting_for = uid
+                nomination.victims.add(victim)
+        log.info("pod %s: adopted its nomination on %s (%d victim(s) terminating)", key, node,
+                 len(nomination.victims))
+        return nomination
+
+    def drop_adopted(self, uid: str) -> bool:
+        """The pod's nominatedNodeName was cleared by whoever set it: an adopted nomination ends."""
+        nomination = self.nominations.get(uid)
+        if nomination is None or not nomination.adopted:
+            return False
+        self._nominated_on.pop(uid, None)
+        return self.end_nomination(uid)
+
+    def _join_adopted(self, entry: PodEntry) -> None:
+        """A pod started terminating (or went) on a node where an adopted nomination of higher priority
+        waits: what it frees is held for that nomination's pod, the highest priority first."""
+        best: Nomination | None = None
+        for nomination in self.nominations.values():
+            if (nomination.adopted and nomination.node == entry.node and nomination.priority > entry.request.priority
+                    and (best is None or nomination.priority > best.priority)):
+                best = nomination
+        if best is not None:
+            entry.evicting_for = best.uid
+            best.victims.add(entry.uid)
 
     def nomination_live(self, uid: str) -> bool:
         """kube-scheduler's PodEligibleToPreemptOthers, inverted: the pod's victims are still terminating."""
