@@ -1,6 +1,6 @@
 """The write path's TLS as a kubeconfig asks for it, against a real HTTPS server on 127.0.0.1 that
 demands a client certificate (what kubeadm's and kind's admin kubeconfigs use): the server's CA,
-the client's certificate and key, and verification switched off."""
+the client's certificate and key, verification switched off, and a proxy with its `no_proxy` bypass."""
 
 from __future__ import annotations
 
@@ -133,3 +133,18 @@ def test_an_unreadable_client_certificate_fails_each_write_with_the_reason(
     with pytest.raises(ApiError) as err:  # not a hang: the writer thread's set-up failure is the answer
         _bind_with(cluster, ssl_ca_cert=str(cluster.ca_cert), cert_file=str(missing), key_file=str(key))
     assert err.value.status == 0 and "cannot set up the API writer" in err.value.message
+
+
+def test_writes_go_through_the_proxy_unless_the_host_is_in_no_proxy(pki: tuple[ClusterPki, Path, Path]) -> None:
+    cluster, cert, key = pki
+    tls = {"ssl_ca_cert": str(cluster.ca_cert), "cert_file": str(cert), "key_file": str(key)}
+    with socket.socket() as s:  # a proxy that is not there: a write sent through it fails
+        s.bind(("127.0.0.1", 0))
+        dead_proxy = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(ApiError) as err:
+        _bind_with(cluster, proxy=dead_proxy, no_proxy="", **tls)
+    assert err.value.status == 0
+    with pytest.raises(ApiError):
+        _bind_with(cluster, proxy=dead_proxy, no_proxy="example.com,10.0.0.0", **tls)  # other hosts only
+    for bypass in ("127.0.0.1", "localhost,127.0.0.1", "*"):
+        assert _bind_with(cluster, proxy=dead_proxy, no_proxy=bypass, **tls) == [CLIENT_CN], bypass

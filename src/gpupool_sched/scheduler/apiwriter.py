@@ -26,6 +26,8 @@ import json
 import ssl
 import sys
 import threading
+import urllib.parse
+import urllib.request
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -67,6 +69,20 @@ def ssl_context(cfg: Any) -> ssl.SSLContext | bool:
     return ctx
 
 
+def proxy_for(cfg: Any) -> str | None:
+    """The client's proxy for its API server, unless the server's host is in the client's `no_proxy`
+    (the kubernetes client's rule; its configuration reads both from the environment too)."""
+    proxy = getattr(cfg, "proxy", None)
+    if not proxy:
+        return None
+    no_proxy = getattr(cfg, "no_proxy", None)
+    host = urllib.parse.urlsplit(str(cfg.host)).netloc
+    # the stdlib rule behind urllib's own no_proxy (suffixes, ports, "*"); typeshed does not list it
+    if no_proxy and urllib.request.proxy_bypass_environment(host, {"no": str(no_proxy)}):  # type: ignore[attr-defined]
+        return None
+    return str(proxy)
+
+
 class ApiWriter:
     """One daemon thread running an event loop and an aiohttp session to the configured API server."""
 
@@ -74,6 +90,7 @@ class ApiWriter:
         self.cfg = configuration
         self.host = str(configuration.host).rstrip("/")
         self.user_agent = user_agent
+        self.proxy = proxy_for(configuration)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -157,7 +174,7 @@ class ApiWriter:
         async with asyncio.timeout(timeout_s):
             async with self._session.request(
                 method, self.host + api_path, data=data, headers=headers,
-                proxy=self.cfg.proxy or None, server_hostname=getattr(self.cfg, "tls_server_name", None) or None,
+                proxy=self.proxy, server_hostname=getattr(self.cfg, "tls_server_name", None) or None,
             ) as resp:
                 raw = await resp.read()  # read whole: the connection goes back to the pool
                 return Answer(resp.status, resp.reason or "", raw)
