@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
 # Xids caused by the application, not the GPU (NVIDIA's device plugin ignores the same set).
@@ -30,6 +30,18 @@ class GpuMemoryConfig(_Section):
     unit_mib: int = Field(default=1024, ge=64, le=1 << 20, alias="unitMiB")
     mps: bool = False
     mps_pipe_directory: str = Field(default="/run/nvidia/mps", alias="mpsPipeDirectory")
+    # the MPS daemon's /dev/shm on the host: its clients must share it (NVIDIA's MPS daemon keeps a
+    # tmpfs at <root>/shm for that); "" leaves the container's own /dev/shm
+    mps_shm_directory: str = Field(default="/run/nvidia/mps/shm", alias="mpsShmDirectory")
+
+    @field_validator("mps_pipe_directory", "mps_shm_directory")
+    @classmethod
+    def _absolute(cls, v: str, info: ValidationInfo) -> str:
+        if v and not v.startswith("/"):
+            raise ValueError(f"an absolute host path, got {v!r}")
+        if not v and info.field_name == "mps_pipe_directory":
+            raise ValueError("MPS clients need the daemon's pipe directory")
+        return v
 
 
 class CdiConfig(_Section):

@@ -36,4 +36,7 @@ def container_response(spec: ResourceSpec, devices: Sequence[PluginDevice],
             pipe = config.gpu_memory.mps_pipe_directory
             resp.envs[ENV_MPS_PIPE] = pipe
             resp.mounts.append(api_pb2.Mount(container_path=pipe, host_path=pipe, read_only=False))
+            shm = config.gpu_memory.mps_shm_directory
+            if shm:  # the client and its MPS server share memory here
+                resp.mounts.append(api_pb2.Mount(container_path="/dev/shm", host_path=shm, read_only=False))
     return resp

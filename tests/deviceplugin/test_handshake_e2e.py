@@ -273,3 +273,39 @@ def test_hardware_fault_is_published_in_the_inventory(cluster: Cluster, kubelet:
     assert unhealthy() == ()
     plugin.inject(uuid=cluster.uuids[1], xid=79)
     eventually(lambda: unhealthy() == (cluster.uuids[1],), what="GPU 1 published as unhealthy")
+
+
+def test_mps_mode_gives_a_share_its_limit_pipe_and_shm_and_a_whole_gpu_none(
+    kube, cluster: Cluster, kubelet: KubeletStandin, start_plugin, tmp_path
+) -> None:
+    """`gpuMemory.mps: true`: a memory share gets the MPS client settings NVIDIA's MPS daemon needs (its
+    budget as CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for its only visible device, the daemon's pipe directory,
+    and the daemon's shared-memory tmpfs as /dev/shm); a whole GPU is the container's alone and gets none."""
+    pipe, shm = str(tmp_path / "mps"), str(tmp_path / "mps" / "shm")
+    p = start_plugin("l40s-pcie", node=cluster.node, kubeconfig=kube.kubeconfig,
+                     config={"gpuMemory": {"mps": True, "mpsPipeDirectory": pipe, "mpsShmDirectory": shm}})
+    kubelet.wait_registered({GPU, MEM})
+    p.wait_healthz(200)
+    u = cluster.uuids
+    dm = DeviceManager(kubelet, [GPU, MEM])
+    try:
+        shared = [ContainerRequest("m", {MEM: 12})]
+        uid = cluster.create("mps-shared", shared)
+        cluster.bind("mps-shared", uid, {"m": {"memory": (u[0], 12, 1024)}})
+        got = dm.admit_pod(shared)["m"]
+        resp = got.responses[MEM]
+        assert dict(resp.envs) == {
+            "NVIDIA_VISIBLE_DEVICES": u[0], "GPUPOOL_MEMORY_LIMIT_MIB": "12288", "GPUPOOL_MEMORY_UNITS": "12",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=12288M", "CUDA_MPS_PIPE_DIRECTORY": pipe,
+        }
+        assert [(m.container_path, m.host_path, m.read_only) for m in resp.mounts] == [
+            (pipe, pipe, False), ("/dev/shm", shm, False)]
+
+        whole = [ContainerRequest("t", {GPU: 1})]
+        uid = cluster.create("mps-whole", whole)
+        cluster.bind("mps-whole", uid, {"t": {"devices": {GPU: [u[3]]}}})
+        got = dm.admit_pod(whole)["t"]
+        assert dict(got.responses[GPU].envs) == {"NVIDIA_VISIBLE_DEVICES": u[3]}
+        assert not got.responses[GPU].mounts
+    finally:
+        dm.close()

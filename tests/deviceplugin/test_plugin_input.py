@@ -211,6 +211,8 @@ BINARY = bytes(range(256)) * 4
     ("profile-binary", "fake NVML profile {tmp}/blob.yaml is not UTF-8 text"),
     ("profile-binary-no-suffix", "fake NVML profile {tmp}/blob.bin is not UTF-8 text"),
     ("events-dir", "fake NVML events file {tmp} is not a regular file"),
+    ("config-mps-relative", "field gpuMemory.mpsShmDirectory: Value error, an absolute host path, got 'shm'"),
+    ("config-mps-no-pipe", "field gpuMemory.mpsPipeDirectory: Value error, MPS clients need the daemon's pipe"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, kubelet_dir: Path, busy_port: int, case: str,
                                           message: str) -> None:
@@ -248,6 +250,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, kubelet_dir: Path, bus
             args["--fake-nvml"] = str(tmp_path / "blob.bin")
         case "events-dir":
             args["--fake-nvml-events"] = str(tmp_path)
+        case "config-mps-relative" | "config-mps-no-pipe":
+            mps = "{mps: true, mpsShmDirectory: shm}" if case == "config-mps-relative" else '{mpsPipeDirectory: ""}'
+            args["--config"] = str(tmp_path / "mps.yaml")
+            (tmp_path / "mps.yaml").write_text(good.read_text() + f"gpuMemory: {mps}\n")
     result = run_plugin(*(x for kv in args.items() for x in kv), env=env)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()

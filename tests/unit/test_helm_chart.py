@@ -13,6 +13,7 @@ import yaml
 
 from gpupool_devcluster.binaries import helm_binary, repo_root
 from gpupool_devcluster.errors import DevClusterError
+from gpupool_deviceplugin.config import PluginConfig
 from gpupool_sched.cli import build_parser
 
 CHART = repo_root() / "deploy" / "helm" / "gpupool"
@@ -64,6 +65,15 @@ def test_defaults_render_the_scheduler_and_the_device_plugin() -> None:
     dashboard = by_kind(docs, "ConfigMap")["rel-gpupool-dashboard"]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert not by_kind(docs, "PrometheusRule") and not by_kind(docs, "ServiceMonitor")
+
+
+def test_mps_values_reach_the_plugin_config() -> None:
+    docs = render("--set", "devicePlugin.mps=true", "--set", "devicePlugin.mpsShmDirectory=/run/mps-shm")
+    config = yaml.safe_load(by_kind(docs, "ConfigMap")["rel-gpupool-deviceplugin"]["data"]["config.yaml"])
+    assert config["gpuMemory"] == {"unitMiB": 1024, "mps": True, "mpsPipeDirectory": "/run/nvidia/mps",
+                                   "mpsShmDirectory": "/run/mps-shm"}
+    # the plugin accepts what the chart renders
+    assert PluginConfig.model_validate(config).gpu_memory.mps_shm_directory == "/run/mps-shm"
 
 
 def test_values_switch_parts_on_and_off() -> None:
@@ -131,6 +141,7 @@ def test_monitoring_objects_carry_the_chart_files() -> None:
     (["--set", "devicePlugin.fakeNvmlProfile=h200"], "at '/devicePlugin/fakeNvmlProfile': value must be one of"),
     (["--set", "schedulr.replicas=1"], "additional properties 'schedulr' not allowed"),
     (["--set", "gpuMemoryUnitMiB=3"], "at '/gpuMemoryUnitMiB': minimum: got 3, want 64"),
+    (["--set", "devicePlugin.mpsPipeDirectory=mps"], "at '/devicePlugin/mpsPipeDirectory'"),
     (["--set", "priorityClasses.classes.tier.value=2000000000"], "at '/priorityClasses/classes/tier/value'"),
     (["--set", "scheduler.leaderElection.renewDeadlineSeconds=20"],
      "need retryPeriodSeconds < renewDeadlineSeconds < leaseDurationSeconds"),

@@ -95,6 +95,8 @@ resources:
 gpuMemory:
   unitMiB: {{ .Values.gpuMemoryUnitMiB }}
   mps: {{ $dp.mps }}
+  mpsPipeDirectory: {{ $dp.mpsPipeDirectory | quote }}
+  mpsShmDirectory: {{ $dp.mpsShmDirectory | quote }}
 health:
   recoveryQuietPeriodSeconds: {{ $dp.healthRecoveryQuietPeriodSeconds }}
 metrics:
