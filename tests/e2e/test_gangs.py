@@ -221,3 +221,58 @@ def test_malformed_gangs_get_clear_events_and_other_pods_carry_on(
     wait_until(lambda: any(p["metadata"]["name"] == "no-group" and p["spec"].get("nodeName")
                            for p in list_pods(kube, namespace)), 60, "no-group bound once its PodGroup exists")
     assert json.dumps(scheduler.metric("gpupool_scheduler_schedule_attempts_total", result="error")) == "0.0"
+
+
+@pytest.fixture
+def low_and_high(kube: ClusterClient) -> Iterator[tuple[str, str]]:
+    api = client.SchedulingV1Api(kube.api_client)
+    names = (unique("gang-low"), unique("gang-high"))
+    for pc, value in zip(names, (100, 1000000), strict=True):
+        api.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                   "metadata": {"name": pc}, "value": value})
+    yield names
+    for pc in names:
+        api.delete_priority_class(pc)
+
+
+def test_a_high_priority_gang_preempts_for_its_minimum_and_nothing_for_half_a_gang(
+    kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, pool: tuple[str, list[str]],
+    low_and_high: tuple[str, str],
+) -> None:
+    """24 one-GPU pods of priority 100 fill the pool's 3 nodes. Gang `train` (2 x 8 GPUs, priority
+    1,000,000) evicts exactly two nodes' pods and binds both members together there. Gang `more` (same
+    shape and priority) would need two more nodes: only one still runs pods of lower priority, so it
+    evicts nobody and waits."""
+    name, nodes = pool
+    low, high = low_and_high
+    fill = [pod(f"low-{i}", scheduler.name, name, gpus=1, priority_class=low) for i in range(24)]
+    create_pods(kube.core, namespace, fill, concurrency=8)
+    wait_until(lambda: sum(1 for p in list_pods(kube, namespace) if p["spec"].get("nodeName")) == 24, 60,
+               "the pool filled with 24 low-priority pods")
+    placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in list_pods(kube, namespace)}
+    assert sorted(placed.values()).count(nodes[0]) == 8  # every GPU of every node taken
+
+    pod_group(kube, namespace, "train", {"minMember": 2})
+    create_pods(kube.core, namespace, [pod(f"train-{i}", scheduler.name, name, gpus=8, priority_class=high,
+                                           labels={LABEL: "train"}) for i in range(2)])
+    wait_until(lambda: len(bound_by_group(kube, namespace).get("train", [])) == 2, 60, "gang train bound whole")
+    pods = {p["metadata"]["name"]: p for p in list_pods(kube, namespace)}
+    low_left = {n: p["spec"]["nodeName"] for n, p in pods.items() if n.startswith("low-")}
+    assert len(low_left) == 8 and len(set(low_left.values())) == 1  # exactly two nodes' pods evicted
+    train_nodes = {pods[f"train-{i}"]["spec"]["nodeName"] for i in range(2)}
+    assert len(train_nodes) == 2 and not train_nodes & set(low_left.values())
+    preempting = [e for i in range(2) for e in events_for(kube, namespace, f"train-{i}", "Preempting")]
+    assert len(preempting) == 2, preempting  # one per member, each naming its node's victims
+    assert scheduler.metric("gpupool_scheduler_preemption_attempts_total", result="planned") >= 2
+
+    pod_group(kube, namespace, "more", {"minMember": 2})
+    create_pods(kube.core, namespace, [pod(f"more-{i}", scheduler.name, name, gpus=8, priority_class=high,
+                                           labels={LABEL: "more"}) for i in range(2)])
+    wait_until(lambda: events_for(kube, namespace, "more-0", "FailedScheduling"), 30, "gang more unschedulable")
+    time.sleep(3)  # an eviction started for half a gang would show by now
+    pods = {p["metadata"]["name"]: p for p in list_pods(kube, namespace)}
+    assert {n for n in pods if n.startswith("low-")} == set(low_left)
+    assert not any(pods[n]["metadata"].get("deletionTimestamp") for n in low_left)
+    assert bound_by_group(kube, namespace)["more"] == []
+    condition = pod_condition(pods["more-0"])
+    assert condition and "gang does not fit" in condition["message"], condition

@@ -65,6 +65,11 @@ def _size(request: PodRequest) -> tuple[int, int, int]:
     return (_whole_gpus(request), request.gpu_milli_total if request.wants_gpu else 0, request.cpu_milli)
 
 
+def gang_order(members: Sequence[PodRequest]) -> list[int]:
+    """Indices of ``members``, largest first (first-fit decreasing)."""
+    return sorted(range(len(members)), key=lambda i: _size(members[i]), reverse=True)
+
+
 def _prefer(snapshot: ClusterSnapshot, used: set[str], rest_whole: int, then: NodeSample | None) -> NodeSample:
     """Feasible nodes narrowed to the gang's own nodes, else to nodes with ``rest_whole`` free whole GPUs."""
     rows = np.fromiter((snapshot.index[n] for n in used if n in snapshot.index), dtype=np.int64)
@@ -98,7 +103,7 @@ def place_gang(
     The snapshot is used as scratch (members assumed one by one) and restored before returning."""
     if not 1 <= need <= len(members):
         raise ValueError(f"a gang of {len(members)} member(s) cannot need {need} at once")
-    order = sorted(range(len(members)), key=lambda i: _size(members[i]), reverse=True)
+    order = gang_order(members)
     placed: list[tuple[int, Placement]] = []
     used: set[str] = set()
     rest_whole = sum(_whole_gpus(members[i]) for i in order)

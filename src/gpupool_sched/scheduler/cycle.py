@@ -23,6 +23,7 @@ from gpupool_sched.model.decision import Placement, Unschedulable
 from gpupool_sched.placement.decide import NodeSample, decide
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import GangUnschedulable, place_gang
+from gpupool_sched.placement.gang_preemption import GangPreemption, plan_gang_preemption
 from gpupool_sched.placement.preemption import Preemption, RunningPod, plan_preemption
 from gpupool_sched.placement.sampling import NodeSampler
 from gpupool_sched.scheduler.podspec import PodPlan
@@ -37,7 +38,7 @@ class Statement:
 
     state: ClusterState
     placements: list[tuple[PodPlan, Placement]] = field(default_factory=list)
-    preemption: tuple[PodPlan, Preemption] | None = None  # victims marked, nomination made
+    evictions: list[tuple[PodPlan, Preemption]] = field(default_factory=list)  # victims marked, nominated
     committed: bool = False
 
     def assume(self, plan: PodPlan, placement: Placement) -> None:
@@ -47,22 +48,27 @@ class Statement:
         self.placements.append((plan, placement))
 
     def evict(self, plan: PodPlan, preemption: Preemption, timeout_s: float) -> None:
-        """Mark `preemption`'s victims as evicted for `plan` and nominate it on their node."""
+        """Mark `preemption`'s victims as evicted for `plan` and nominate it on their node (a gang's
+        statement does this for each member that needs victims)."""
         if self.committed:
             raise RuntimeError("statement already committed")
         victims = [v.uid for v in preemption.victims]
         self.state.nominate(plan.uid, plan.key, preemption.node, plan.priority, victims, timeout_s)
-        self.preemption = (plan, preemption)
+        self.evictions.append((plan, preemption))
+
+    @property
+    def preemption(self) -> tuple[PodPlan, Preemption] | None:
+        """The (single pod's) eviction, if any."""
+        return self.evictions[0] if self.evictions else None
 
     def discard(self) -> None:
         for plan, _ in reversed(self.placements):
             self.state.forget(plan.uid)
         self.placements.clear()
-        if self.preemption is not None:
-            plan, preemption = self.preemption
+        for plan, preemption in reversed(self.evictions):
             self.state.spare(plan.uid, (v.uid for v in preemption.victims))
             self.state.end_nomination(plan.uid)
-            self.preemption = None
+        self.evictions.clear()
 
     def commit(self) -> list[tuple[PodPlan, Placement]]:
         self.committed = True
@@ -83,9 +89,12 @@ class CycleResult:
 
 @dataclass(frozen=True, slots=True)
 class GangResult:
-    statement: Statement | None  # committed: every placed member assumed; None: the gang does not fit
+    # committed: every placed member assumed, or (with `preemption`) the members' evictions; None: nothing
+    statement: Statement | None
     unschedulable: GangUnschedulable | None
     seconds: float
+    preemption: GangPreemption | None = None  # what the statement's evictions are (the gang waits for them)
+    blocked_by_budget: GangPreemption | None = None  # needs victims a PodDisruptionBudget protects: waits
 
 
 class Cycle:
@@ -158,25 +167,70 @@ class Cycle:
         statement.commit()
         return CycleResult(plan, statement, result.unschedulable, seconds, preemption, reclaiming)
 
-    def schedule_gang(self, plans: list[PodPlan], need: int) -> GangResult:
+    def schedule_gang(self, plans: list[PodPlan], need: int,
+                      running: Callable[[], list[RunningPod]] | None = None) -> GangResult:
         """Decide for a gang's pending members together: at least `need` of them placed (and assumed in
-        one statement), or none. Gangs do not preempt and take no preemptor's holds."""
+        one statement), or none. The members' own holds (from an earlier gang preemption) are theirs for
+        the decision. With `running` (every member may preempt), a gang that does not fit may evict pods
+        of lower priority than all its members, only where that makes its minimum fit together
+        (`plan_gang_preemption`), and not while victims of an earlier attempt are still terminating."""
+        held = [p.uid for p in plans if self.state.release_holds(p.uid)]
         snapshot = self.state.snapshot
         sampler = self.sampler.follow(snapshot) if self.sampler is not None else None
         start = time.perf_counter()
-        out = place_gang(snapshot, [p.request for p in plans], need, self.policy(), self.rng, sample=sampler)
+        try:
+            out = place_gang(snapshot, [p.request for p in plans], need, self.policy(), self.rng, sample=sampler)
+        except BaseException:
+            for uid in held:
+                self.state.restore_holds(uid)
+            raise
         seconds = time.perf_counter() - start
         if isinstance(out, GangUnschedulable):
-            return GangResult(None, out, seconds)
+            for uid in held:
+                self.state.restore_holds(uid)
+            return self._preempt_for_gang(plans, need, out, seconds, running)
         statement = Statement(self.state)
         try:
             for i, placement in out.placements:
-                statement.assume(plans[i], placement)
+                statement.assume(plans[i], placement)  # ends that member's nomination: its holds went
         except BaseException:
             statement.discard()
+            for uid in held:
+                self.state.restore_holds(uid)
             raise
+        placed = {plans[i].uid for i, _ in out.placements}
+        for uid in held:
+            if uid not in placed:
+                self.state.restore_holds(uid)
         statement.commit()
         return GangResult(statement, None, seconds)
+
+    def _preempt_for_gang(self, plans: list[PodPlan], need: int, out: GangUnschedulable, seconds: float,
+                          running: Callable[[], list[RunningPod]] | None) -> GangResult:
+        if running is None or any(self.state.nomination_live(p.uid) for p in plans):
+            return GangResult(None, out, seconds)
+        if any(self.state.preemptions.get(p.uid, 0) >= self.max_preemptions for p in plans):
+            return GangResult(None, out, seconds)
+        priority = min(p.priority for p in plans)
+        if not self.state.has_lower_priority(priority):
+            return GangResult(None, out, seconds)
+        start = time.perf_counter()
+        preemption = plan_gang_preemption(self.state.snapshot, [p.request for p in plans], need, priority,
+                                          running(), self.policy(), self.rng)
+        seconds += time.perf_counter() - start
+        if preemption is None or not preemption.victims:
+            return GangResult(None, out, seconds)
+        if preemption.pdb_violations:
+            return GangResult(None, out, seconds, blocked_by_budget=preemption)
+        statement = Statement(self.state)
+        for member in preemption.members:
+            if member.victims:
+                plan = plans[member.member]
+                single = Preemption(member.placement.node, member.victims, member.placement, 0)
+                statement.evict(plan, single, nomination_timeout_s(
+                    self.state, [v.uid for v in member.victims], self.nomination_slack_s))
+        statement.commit()
+        return GangResult(statement, out, seconds, preemption=preemption)
 
     def _decide(self, plan: PodPlan) -> CycleResult:
         snapshot = self.state.snapshot

@@ -451,11 +451,25 @@ class SchedulerService:
                        f"of the {group.min_member} (minMember) that must start together")
             self._gang_unschedulable(key, plans, items, message)
             return True
-        result = self.cycle.schedule_gang(plans, need)
+        preempts = all(may_preempt(self._pending[p.uid], self.state.non_preempting_classes) for p in plans)
+        floor = min(p.priority for p in plans)
+        victims = (lambda: running_pods(self.state, self.budgets, floor)) if preempts else None
+        result = self.cycle.schedule_gang(plans, need, victims)
         self.metrics.algorithm_latency.observe(result.seconds)
-        if result.statement is None:
+        if result.statement is None or result.preemption is not None:
             assert result.unschedulable is not None
-            self._gang_unschedulable(key, plans, items, f"PodGroup {key}: {result.unschedulable.message}")
+            message = f"PodGroup {key}: {result.unschedulable.message}"
+            if result.preemption is not None:
+                for member, eviction in result.statement.evictions if result.statement else ():
+                    self.preemptor.carry_out(member, eviction)
+                nodes = sorted({v.node for v in result.preemption.victims})
+                message += (f"; preempting {len(result.preemption.victims)} pod(s) of lower priority on "
+                            f"{', '.join(nodes)} for {len(result.preemption.members)} members")
+            elif (blocked := result.blocked_by_budget) is not None:
+                self.metrics.preemption_attempts.labels(result="pdb_blocked").inc()
+                message += (f"; preemption would need {blocked.pdb_violations} pod(s) a PodDisruptionBudget "
+                            f"protects: waiting")
+            self._gang_unschedulable(key, plans, items, message)
             return True
         by_uid = dict(zip((p.uid for p in plans), items, strict=True))
         bound = set()
