@@ -412,3 +412,39 @@ def test_lower_priority_or_unrelated_terminations_do_not_join(world: World) -> N
     assert world.state.nominations[uid].victims == set()  # priority 200 is no victim of 150
     world.state.apply_pod(terminating(world.pods[n1_victims(world)[0]]))
     assert world.state.nominations[uid].victims == set()  # another node
+
+
+def test_a_more_important_pod_takes_a_lower_preemptors_holds_and_equal_or_lower_ones_do_not(world: World) -> None:
+    """kube-scheduler counts a nominated pod only against pods of its priority or lower."""
+    mid = prio_pod("mid", 500, gpus=4, scheduler="gpupool")
+    result = world.schedule(mid)
+    assert result.preemption is not None and result.preemption.node == "n1"
+    for victim in result.preemption.victims:
+        world.delete(victim.uid)
+    assert free_gpus(world.state, "n1") == [0, 0, 0, 0]  # held for mid
+    for priority in (100, 500):  # not more important: the room stays mid's
+        other = prio_pod(f"other-{priority}", priority, gpus=4, scheduler="gpupool")
+        assert world.schedule(other, preempt=False).statement is None
+    critical = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    placed = world.schedule(critical, preempt=False)  # no eviction needed: it takes the held room
+    assert placed.statement is not None and placed.statement.placements[0][1].node == "n1"
+    assert all(e.evicting_for is None for e in world.state.entries("n2"))  # n2's pods keep running
+    nomination = world.state.nominations[mid["metadata"]["uid"]]
+    assert nomination.holds == set() and not [e for e in world.state.pods.values() if e.phase is Phase.NOMINATED]
+    assert free_gpus(world.state, "n1") == [0, 0, 0, 0]  # critical's, counted once
+
+
+def test_holds_on_another_node_come_back_after_a_more_important_pod_is_placed(world: World) -> None:
+    mid = prio_pod("mid", 500, gpus=4, scheduler="gpupool")
+    result = world.schedule(mid)
+    assert result.preemption is not None and result.preemption.node == "n1"
+    for victim in result.preemption.victims:
+        world.delete(victim.uid)
+    world.state.apply_pod(bump(world.pods[next(u for u, o in world.pods.items()
+                                               if o["metadata"]["name"] == "n2-low-0")]), deleted=True)
+    critical = prio_pod("critical", 1000, gpus=1, scheduler="gpupool")
+    placed = world.schedule(critical, preempt=False)
+    assert placed.statement is not None
+    assert placed.statement.placements[0][1].node == "n2"  # best fit: n2's one free GPU, not mid's room
+    assert len(world.state.nominations[mid["metadata"]["uid"]].holds) == 4  # so mid keeps all its holds
+    assert free_gpus(world.state, "n1") == [0, 0, 0, 0]

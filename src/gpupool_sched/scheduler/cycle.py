@@ -129,13 +129,24 @@ class Cycle:
         takes back guaranteed quota that others borrow), it may also evict those pods whatever their
         priority (Kueue's reclaimWithinCohort: Any), when preemption by priority finds no plan."""
         held = self.state.release_holds(plan.uid)
+        lower = self.state.release_lower_holds(plan.priority, plan.uid)
         try:
             result = self._decide(plan)
         except BaseException:
-            self.state.restore_holds(plan.uid)
+            for uid in (plan.uid, *lower):
+                self.state.restore_holds(uid)
             raise
-        if result.statement is not None:
-            return result  # assumed: its holds went with the nomination
+        if result.statement is not None:  # assumed: its own holds went with its nomination
+            node = result.statement.placements[0][1].node
+            for uid in lower:  # a less important preemptor's room on that node went to this pod
+                nomination = self.state.nominations[uid]
+                if nomination.node == node:
+                    self.state.drop_holds(uid)
+                else:
+                    self.state.restore_holds(uid)
+            return result
+        for uid in lower:
+            self.state.restore_holds(uid)
         if held:
             self.state.restore_holds(plan.uid)
         if running is None or self.state.nomination_live(plan.uid):

@@ -604,6 +604,27 @@ class ClusterState:
             self._unapply(entry)
         return released
 
+    def release_lower_holds(self, priority: int, own: str) -> list[str]:
+        """Un-account the holds of every nomination of lower priority than `priority` (other than `own`'s),
+        for one decision: kube-scheduler counts a nominated pod against pods of its priority or lower only,
+        so a more important pod may take the room. Returns the nominations released."""
+        released = []
+        for nomination in self.nominations.values():
+            if nomination.priority < priority and nomination.uid != own and nomination.holds:
+                self.release_holds(nomination.uid)
+                released.append(nomination.uid)
+        return released
+
+    def drop_holds(self, uid: str) -> None:
+        """`uid`'s released holds are gone for good (a more important pod took that room): the nomination
+        stays (its victims may still be terminating), holding nothing; its pod may preempt again later."""
+        nomination = self.nominations.get(uid)
+        if nomination is None:
+            return
+        for hold in list(nomination.holds):
+            self._unlink(hold)  # un-accounted already (`release_holds`)
+        nomination.holds.clear()
+
     def restore_holds(self, uid: str) -> None:
         nomination = self.nominations.get(uid)
         for hold in sorted(nomination.holds) if nomination else ():
