@@ -56,11 +56,6 @@ class Statement:
         self.state.nominate(plan.uid, plan.key, preemption.node, plan.priority, victims, timeout_s)
         self.evictions.append((plan, preemption))
 
-    @property
-    def preemption(self) -> tuple[PodPlan, Preemption] | None:
-        """The (single pod's) eviction, if any."""
-        return self.evictions[0] if self.evictions else None
-
     def discard(self) -> None:
         for plan, _ in reversed(self.placements):
             self.state.forget(plan.uid)
