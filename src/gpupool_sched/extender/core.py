@@ -31,6 +31,7 @@ from gpupool_sched.scheduler.binder import Binder, BindOutcome
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.podspec import InvalidPod
 from gpupool_sched.scheduler.queue import QueuedPod, SchedulingQueue
+from gpupool_sched.scheduler.quotas import QuotaBook
 from gpupool_sched.scheduler.state import ClusterState
 
 from .metrics import ExtenderMetrics
@@ -76,6 +77,8 @@ class Extender:
         self.state = ClusterState(config.scheduler_name, memory_unit_mib=config.memory_unit_mib,
                                   gate_timeout_s=config.gate_timeout_s, confirm_ttl_s=config.confirm_ttl_s)
         self.profile = RollingProfile(window=config.profile_window)
+        # GpuQuota admission as the scheduler does it; the scheduler alone writes the quotas' status
+        self.quotas = QuotaBook(self.state)
         self._policy: Policy | None = None
         self._policy_version = -1
         self._profile_in_use: WorkloadProfile | None = None
@@ -133,6 +136,7 @@ class Extender:
         classes, _ = await self.api.list_raw(PRIORITY_CLASSES)
         for obj in classes:
             self.on_priority_class("ADDED", obj)
+        await self.quotas.resync(self.api)
         nodes, _ = await self.api.list_raw("/api/v1/nodes")
         for obj in nodes:
             self.on_node("ADDED", obj)
@@ -205,6 +209,11 @@ class Extender:
                 return filter_result(args, [], {}, bucket)
             return filter_result(args, [], bucket, {})
         self._observe(uid, args.pod)
+        verdict = self.quotas.check(plan)
+        if not verdict.ok:  # no node helps: the team's quota does (kube-scheduler retries on pod events)
+            bucket = {n: verdict.message for n in args.node_names}
+            self.metrics.filtered.labels(result="failed").inc(len(bucket))
+            return filter_result(args, [], bucket, {})
         v = verdicts(self.state.snapshot, plan.request, self.current_policy(), self.rng)
         feasible = set(v.feasible.tolist())
         index = self.state.snapshot.index
@@ -256,6 +265,9 @@ class Extender:
         entry = self.state.pods.get(plan.uid)
         if entry is not None:
             return {"Error": f"pod {key} is already {entry.phase.value} on {entry.node}"}
+        verdict = self.quotas.check(plan)  # again: pods filtered before this one's bind may have used it up
+        if not verdict.ok:
+            return {"Error": f"pod {key}: {verdict.message}"}
         row = self.state.snapshot.index.get(args.node)
         if row is None:
             return {"Error": f"node {args.node} is unknown to the gpupool extender"}

@@ -1,6 +1,6 @@
-"""kopf wiring for the extender: watches of nodes, pods and PriorityClasses into its state, with the
-scheduler's settings (no Events posted, standalone, no scans, no diff base, no writes to watched
-objects; docs/scheduler.md explains each)."""
+"""kopf wiring for the extender: watches of nodes, pods, PriorityClasses, GpuQuotas and namespaces
+into its state, with the scheduler's settings (no Events posted, standalone, no scans, no diff base,
+no writes to watched objects; docs/scheduler.md explains each)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from typing import Any
 
 import kopf
 
+from gpupool_sched.scheduler.quotas import GROUP as QUOTA_GROUP
+from gpupool_sched.scheduler.quotas import PLURAL as QUOTA_PLURAL
+from gpupool_sched.scheduler.quotas import VERSION as QUOTA_VERSION
 from gpupool_sched.scheduler.watch import configure, connection_info, quiet_kopf_logs
 
 from .core import Extender
@@ -44,6 +47,14 @@ def build_registry(extender: Extender) -> kopf.OperatorRegistry:
     @kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses", registry=registry)
     async def priority_class_event(event: kopf.RawEvent, **_: Any) -> None:
         extender.on_priority_class(event.get("type"), event["object"])  # type: ignore[arg-type]
+
+    @kopf.on.event(QUOTA_GROUP, QUOTA_VERSION, QUOTA_PLURAL, registry=registry)
+    async def quota_event(event: kopf.RawEvent, **_: Any) -> None:
+        extender.quotas.on_quota(event.get("type"), event["object"])
+
+    @kopf.on.event("", "v1", "namespaces", registry=registry)
+    async def namespace_event(event: kopf.RawEvent, **_: Any) -> None:
+        extender.quotas.on_namespace(event.get("type"), event["object"])
 
     return registry
 
