@@ -448,3 +448,20 @@ def test_holds_on_another_node_come_back_after_a_more_important_pod_is_placed(wo
     assert placed.statement.placements[0][1].node == "n2"  # best fit: n2's one free GPU, not mid's room
     assert len(world.state.nominations[mid["metadata"]["uid"]].holds) == 4  # so mid keeps all its holds
     assert free_gpus(world.state, "n1") == [0, 0, 0, 0]
+
+
+def test_a_more_important_gang_takes_a_lower_preemptors_holds(world: World) -> None:
+    mid = prio_pod("mid", 500, gpus=4, scheduler="gpupool")
+    result = world.schedule(mid)
+    assert result.preemption is not None and result.preemption.node == "n1"
+    for victim in result.preemption.victims:
+        world.delete(victim.uid)
+    members = [world.state.plan(prio_pod(f"gang-{i}", 1000, gpus=2, scheduler="gpupool")) for i in range(2)]
+    low_gang = [world.state.plan(prio_pod(f"low-gang-{i}", 500, gpus=2, scheduler="gpupool")) for i in range(2)]
+    assert world.cycle.schedule_gang(low_gang, 2).statement is None  # equal priority: the room is mid's
+    assert free_gpus(world.state, "n1") == [0, 0, 0, 0]
+    placed = world.cycle.schedule_gang(members, 2)  # no preemption asked: only the held room can serve
+    assert placed.statement is not None
+    assert {p.node for _, p in placed.statement.placements} == {"n1"}
+    assert world.state.nominations[mid["metadata"]["uid"]].holds == set()
+    assert free_gpus(world.state, "n1") == [0, 0, 0, 0]  # the gang's, counted once

@@ -124,7 +124,7 @@ class Cycle:
         takes back guaranteed quota that others borrow), it may also evict those pods whatever their
         priority (Kueue's reclaimWithinCohort: Any), when preemption by priority finds no plan."""
         held = self.state.release_holds(plan.uid)
-        lower = self.state.release_lower_holds(plan.priority, plan.uid)
+        lower = self.state.release_lower_holds(plan.priority, {plan.uid})
         try:
             result = self._decide(plan)
         except BaseException:
@@ -132,16 +132,9 @@ class Cycle:
                 self.state.restore_holds(uid)
             raise
         if result.statement is not None:  # assumed: its own holds went with its nomination
-            node = result.statement.placements[0][1].node
-            for uid in lower:  # a less important preemptor's room on that node went to this pod
-                nomination = self.state.nominations[uid]
-                if nomination.node == node:
-                    self.state.drop_holds(uid)
-                else:
-                    self.state.restore_holds(uid)
+            self._settle_lower_holds(lower, {result.statement.placements[0][1].node})
             return result
-        for uid in lower:
-            self.state.restore_holds(uid)
+        self._settle_lower_holds(lower, set())
         if held:
             self.state.restore_holds(plan.uid)
         if running is None or self.state.nomination_live(plan.uid):
@@ -181,18 +174,19 @@ class Cycle:
         of lower priority than all its members, only where that makes its minimum fit together
         (`plan_gang_preemption`), and not while victims of an earlier attempt are still terminating."""
         held = [p.uid for p in plans if self.state.release_holds(p.uid)]
+        lower = self.state.release_lower_holds(min(p.priority for p in plans), {p.uid for p in plans})
         snapshot = self.state.snapshot
         sampler = self.sampler.follow(snapshot) if self.sampler is not None else None
         start = time.perf_counter()
         try:
             out = place_gang(snapshot, [p.request for p in plans], need, self.policy(), self.rng, sample=sampler)
         except BaseException:
-            for uid in held:
+            for uid in (*held, *lower):
                 self.state.restore_holds(uid)
             raise
         seconds = time.perf_counter() - start
         if isinstance(out, GangUnschedulable):
-            for uid in held:
+            for uid in (*held, *lower):
                 self.state.restore_holds(uid)
             return self._preempt_for_gang(plans, need, out, seconds, running)
         statement = Statement(self.state)
@@ -201,15 +195,25 @@ class Cycle:
                 statement.assume(plans[i], placement)  # ends that member's nomination: its holds went
         except BaseException:
             statement.discard()
-            for uid in held:
+            for uid in (*held, *lower):
                 self.state.restore_holds(uid)
             raise
         placed = {plans[i].uid for i, _ in out.placements}
         for uid in held:
             if uid not in placed:
                 self.state.restore_holds(uid)
+        self._settle_lower_holds(lower, {p.node for _, p in out.placements})
         statement.commit()
         return GangResult(statement, None, seconds)
+
+    def _settle_lower_holds(self, released: list[str], taken: set[str]) -> None:
+        """Less important preemptors' holds released for a decision: dropped on the nodes the decision
+        took (that room went to the more important pod), accounted again elsewhere."""
+        for uid in released:
+            if self.state.nominations[uid].node in taken:
+                self.state.drop_holds(uid)
+            else:
+                self.state.restore_holds(uid)
 
     def _preempt_for_gang(self, plans: list[PodPlan], need: int, out: GangUnschedulable, seconds: float,
                           running: Callable[[], list[RunningPod]] | None) -> GangResult:

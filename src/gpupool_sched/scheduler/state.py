@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -604,13 +604,13 @@ class ClusterState:
             self._unapply(entry)
         return released
 
-    def release_lower_holds(self, priority: int, own: str) -> list[str]:
-        """Un-account the holds of every nomination of lower priority than `priority` (other than `own`'s),
+    def release_lower_holds(self, priority: int, own: Collection[str]) -> list[str]:
+        """Un-account the holds of every nomination of lower priority than `priority` (but `own`'s),
         for one decision: kube-scheduler counts a nominated pod against pods of its priority or lower only,
         so a more important pod may take the room. Returns the nominations released."""
         released = []
         for nomination in self.nominations.values():
-            if nomination.priority < priority and nomination.uid != own and nomination.holds:
+            if nomination.priority < priority and nomination.uid not in own and nomination.holds:
                 self.release_holds(nomination.uid)
                 released.append(nomination.uid)
         return released
