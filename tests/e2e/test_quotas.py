@@ -179,3 +179,44 @@ def test_an_invalid_quota_is_marked_and_changes_nothing(
     finally:
         proc.stop()
         delete_quota(kube, bad)
+
+
+def test_a_gang_reclaims_its_teams_borrowed_gpus_for_its_whole_minimum(
+    kube: ClusterClient, log_dir: Path, pool: tuple[str, list[str]], teams: tuple[str, str, str],
+) -> None:
+    """As the single-pod reclaim above, for a PodGroup: team B's 4 one-GPU workers (minMember 4) take back
+    4 of the GPUs team A borrows, evicted together for the gang, which then binds whole."""
+    name, _ = pool
+    tag, ns_a, ns_b = teams
+    qa, qb = f"team-a-{tag}", f"team-b-{tag}"
+    quota(kube, qa, {"namespaceSelector": {"matchLabels": {"team": f"a-{tag}"}}, "guaranteed": {"gpus": 8},
+                     "borrowingLimit": {"gpus": 8}})
+    quota(kube, qb, {"namespaceSelector": {"matchLabels": {"team": f"b-{tag}"}}, "guaranteed": {"gpus": 8}})
+    proc: SchedulerProcess | None = None
+    try:
+        proc = start_scheduler(kube, unique("gpupool"), log_dir)
+        sched = proc.name
+        create_pods(kube.core, ns_a, [pod(f"a-{i}", sched, name, gpus=1) for i in range(16)], concurrency=4)
+        wait_bound(kube, ns_a, 16, timeout_s=90)
+        before_a = {p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")}
+        group = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": "workers"},
+                 "spec": {"minMember": 4}}
+        client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(
+            "scheduling.x-k8s.io", "v1alpha1", ns_b, "podgroups", group)
+        create_pods(kube.core, ns_b, [pod(f"w-{i}", sched, name, gpus=1,
+                                          labels={"scheduling.x-k8s.io/pod-group": "workers"}) for i in range(4)],
+                    concurrency=4)
+        wait_bound(kube, ns_b, 4, timeout_s=90)
+        after_a = {p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")}
+        evicted = sorted(before_a - after_a)
+        assert len(evicted) == 4, f"A lost {evicted}: exactly 4 borrowed pods must go"
+        for victim in evicted:
+            preempted = events_for(kube, ns_a, victim, "Preempted")
+            assert preempted and "GpuQuota" in preempted[0]["message"], preempted
+        assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="quota") == 4
+        assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="priority") == 0
+    finally:
+        if proc is not None:
+            proc.stop()
+        delete_quota(kube, qa)
+        delete_quota(kube, qb)

@@ -90,6 +90,7 @@ class GangResult:
     seconds: float
     preemption: GangPreemption | None = None  # what the statement's evictions are (the gang waits for them)
     blocked_by_budget: GangPreemption | None = None  # needs victims a PodDisruptionBudget protects: waits
+    reclaim: bool = False  # the evictions take back borrowed quota (victims of any priority)
 
 
 class Cycle:
@@ -167,12 +168,15 @@ class Cycle:
         return CycleResult(plan, statement, result.unschedulable, seconds, preemption, reclaiming)
 
     def schedule_gang(self, plans: list[PodPlan], need: int,
-                      running: Callable[[], list[RunningPod]] | None = None) -> GangResult:
+                      running: Callable[[], list[RunningPod]] | None = None,
+                      reclaim: Callable[[], list[RunningPod]] | None = None) -> GangResult:
         """Decide for a gang's pending members together: at least `need` of them placed (and assumed in
         one statement), or none. The members' own holds (from an earlier gang preemption) are theirs for
         the decision. With `running` (every member may preempt), a gang that does not fit may evict pods
         of lower priority than all its members, only where that makes its minimum fit together
-        (`plan_gang_preemption`), and not while victims of an earlier attempt are still terminating."""
+        (`plan_gang_preemption`), and not while victims of an earlier attempt are still terminating.
+        With `reclaim` too (its team takes back guaranteed quota others borrow), it may evict those
+        borrowed pods whatever their priority when preemption by priority finds no plan."""
         held = [p.uid for p in plans if self.state.release_holds(p.uid)]
         lower = self.state.release_lower_holds(min(p.priority for p in plans), {p.uid for p in plans})
         snapshot = self.state.snapshot
@@ -188,7 +192,7 @@ class Cycle:
         if isinstance(out, GangUnschedulable):
             for uid in (*held, *lower):
                 self.state.restore_holds(uid)
-            return self._preempt_for_gang(plans, need, out, seconds, running)
+            return self._preempt_for_gang(plans, need, out, seconds, running, reclaim)
         statement = Statement(self.state)
         try:
             for i, placement in out.placements:
@@ -216,17 +220,26 @@ class Cycle:
                 self.state.restore_holds(uid)
 
     def _preempt_for_gang(self, plans: list[PodPlan], need: int, out: GangUnschedulable, seconds: float,
-                          running: Callable[[], list[RunningPod]] | None) -> GangResult:
+                          running: Callable[[], list[RunningPod]] | None,
+                          reclaim: Callable[[], list[RunningPod]] | None) -> GangResult:
         if running is None or any(self.state.nomination_live(p.uid) for p in plans):
             return GangResult(None, out, seconds)
         if any(self.state.preemptions.get(p.uid, 0) >= self.max_preemptions for p in plans):
             return GangResult(None, out, seconds)
         priority = min(p.priority for p in plans)
-        if not self.state.has_lower_priority(priority):
-            return GangResult(None, out, seconds)
+        requests = [p.request for p in plans]
         start = time.perf_counter()
-        preemption = plan_gang_preemption(self.state.snapshot, [p.request for p in plans], need, priority,
-                                          running(), self.policy(), self.rng)
+        preemption, reclaiming = None, False
+        if self.state.has_lower_priority(priority):
+            preemption = plan_gang_preemption(self.state.snapshot, requests, need, priority, running(),
+                                              self.policy(), self.rng)
+        if (preemption is None or not preemption.victims) and reclaim is not None:
+            borrowed = reclaim()
+            if borrowed:
+                above_all = max(v.priority for v in borrowed) + 1
+                preemption = plan_gang_preemption(self.state.snapshot, requests, need, above_all, borrowed,
+                                                  self.policy(), self.rng)
+                reclaiming = True
         seconds += time.perf_counter() - start
         if preemption is None or not preemption.victims:
             return GangResult(None, out, seconds)
@@ -240,7 +253,7 @@ class Cycle:
                 statement.evict(plan, single, nomination_timeout_s(
                     self.state, [v.uid for v in member.victims], self.nomination_slack_s))
         statement.commit()
-        return GangResult(statement, out, seconds, preemption=preemption)
+        return GangResult(statement, out, seconds, preemption=preemption, reclaim=reclaiming)
 
     def _decide(self, plan: PodPlan) -> CycleResult:
         snapshot = self.state.snapshot

@@ -372,18 +372,28 @@ class QuotaBook:
         """Borrowed pods that may be preempted so that `plan`'s team gets its guaranteed GPUs back, in
         victim order (lowest priority, then newest); empty when its team may not reclaim. `running`:
         the eviction candidates (preemptor.running_pods(state, budgets) without a priority bound)."""
+        return self.reclaim_demand(plan.namespace, demand_of(plan.request, self.state.memory_unit_mib), running)
+
+    def reclaim_gang(self, plans: Sequence[PodPlan], running: Iterable[RunningPod]) -> list[RunningPod]:
+        """`reclaim` for a gang's pods (one namespace) together: its team must stay within its
+        guarantee with all of them."""
+        if not plans:
+            return []
+        unit = self.state.memory_unit_mib
+        return self.reclaim_demand(plans[0].namespace, total(demand_of(p.request, unit) for p in plans), running)
+
+    def reclaim_demand(self, namespace: str, demand: Amount, running: Iterable[RunningPod]) -> list[RunningPod]:
         quotas = self.quotas()
-        demand = demand_of(plan.request, self.state.memory_unit_mib)
         if not quotas or demand.is_zero:
             return []
         pods = []
         for pod in running:
             entry = self.state.pods.get(pod.uid)
-            namespace = entry.key.partition("/")[0] if entry is not None else pod.request.namespace
-            if pod.request.namespace != namespace:  # a pod read without its spec: the ledger key knows
-                pod = replace(pod, request=replace(pod.request, namespace=namespace))
+            pod_namespace = entry.key.partition("/")[0] if entry is not None else pod.request.namespace
+            if pod.request.namespace != pod_namespace:  # a pod read without its spec: the ledger key knows
+                pod = replace(pod, request=replace(pod.request, namespace=pod_namespace))
             pods.append(pod)
-        return reclaim_candidates(quotas, self.usage(), pods, demand, plan.namespace,
+        return reclaim_candidates(quotas, self.usage(), pods, demand, namespace,
                                   memory_unit_mib=self.state.memory_unit_mib)
 
     # ---- status and gauges ----------------------------------------------------------------------

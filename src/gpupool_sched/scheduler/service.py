@@ -454,16 +454,21 @@ class SchedulerService:
         preempts = all(may_preempt(self._pending[p.uid], self.state.non_preempting_classes) for p in plans)
         floor = min(p.priority for p in plans)
         victims = (lambda: running_pods(self.state, self.budgets, floor)) if preempts else None
-        result = self.cycle.schedule_gang(plans, need, victims)
+        reclaim = ((lambda: self.quotas.reclaim_gang(plans, running_pods(self.state, self.budgets)))
+                   if preempts else None)
+        result = self.cycle.schedule_gang(plans, need, victims, reclaim)
         self.metrics.algorithm_latency.observe(result.seconds)
         if result.statement is None or result.preemption is not None:
             assert result.unschedulable is not None
             message = f"PodGroup {key}: {result.unschedulable.message}"
             if result.preemption is not None:
+                quota = verdict.quota if verdict is not None else None
+                why = (f"borrowing beyond their GpuQuota's guarantee (reclaimed for {quota})"
+                       if result.reclaim else "of lower priority")
                 for member, eviction in result.statement.evictions if result.statement else ():
-                    self.preemptor.carry_out(member, eviction)
+                    self.preemptor.carry_out(member, eviction, why)
                 nodes = sorted({v.node for v in result.preemption.victims})
-                message += (f"; preempting {len(result.preemption.victims)} pod(s) of lower priority on "
+                message += (f"; preempting {len(result.preemption.victims)} pod(s) {why} on "
                             f"{', '.join(nodes)} for {len(result.preemption.members)} members")
             elif (blocked := result.blocked_by_budget) is not None:
                 self.metrics.preemption_attempts.labels(result="pdb_blocked").inc()
