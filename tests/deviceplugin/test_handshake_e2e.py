@@ -65,12 +65,17 @@ def cluster(kube, namespace: str) -> Cluster:
     return Cluster(kube, namespace, node)
 
 
-@pytest.fixture
-def plugin(kube, cluster: Cluster, kubelet: KubeletStandin, start_plugin):
-    p = start_plugin("l40s-pcie", node=cluster.node, kubeconfig=kube.kubeconfig)
+def running_plugin(kube, cluster: Cluster, kubelet: KubeletStandin, start_plugin, config: dict[str, Any] | None = None):
+    """The plugin on the cluster's node, registered with the kubelet stand-in and healthy."""
+    p = start_plugin("l40s-pcie", node=cluster.node, kubeconfig=kube.kubeconfig, config=config)
     kubelet.wait_registered({GPU, MEM})
     p.wait_healthz(200)
     return p
+
+
+@pytest.fixture
+def plugin(kube, cluster: Cluster, kubelet: KubeletStandin, start_plugin):
+    return running_plugin(kube, cluster, kubelet, start_plugin)
 
 
 def gpu_of(units: list[str]) -> str:
@@ -282,10 +287,8 @@ def test_mps_mode_gives_a_share_its_limit_pipe_and_shm_and_a_whole_gpu_none(
     budget as CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for its only visible device, the daemon's pipe directory,
     and the daemon's shared-memory tmpfs as /dev/shm); a whole GPU is the container's alone and gets none."""
     pipe, shm = str(tmp_path / "mps"), str(tmp_path / "mps" / "shm")
-    p = start_plugin("l40s-pcie", node=cluster.node, kubeconfig=kube.kubeconfig,
-                     config={"gpuMemory": {"mps": True, "mpsPipeDirectory": pipe, "mpsShmDirectory": shm}})
-    kubelet.wait_registered({GPU, MEM})
-    p.wait_healthz(200)
+    running_plugin(kube, cluster, kubelet, start_plugin,
+                   config={"gpuMemory": {"mps": True, "mpsPipeDirectory": pipe, "mpsShmDirectory": shm}})
     u = cluster.uuids
     dm = DeviceManager(kubelet, [GPU, MEM])
     try:

@@ -18,11 +18,13 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
 from waiting import eventually
 
 from gpupool_common.handshake import parse_assignment
@@ -129,6 +131,21 @@ def start_scheduler(
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@contextmanager
+def priority_classes(kube: ClusterClient, *values: int, prefix: str = "pc") -> Iterator[tuple[str, ...]]:
+    """PriorityClasses of `values` under unique names (in that order), deleted afterwards."""
+    api = client.SchedulingV1Api(kube.api_client)
+    names = tuple(unique(f"{prefix}-{value}") for value in values)
+    for name, value in zip(names, values, strict=True):
+        api.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                   "metadata": {"name": name}, "value": value})
+    try:
+        yield names
+    finally:
+        for name in names:
+            api.delete_priority_class(name)
 
 
 def add_pool_nodes(kube: ClusterClient, pool: str, profile: str, count: int) -> list[str]:

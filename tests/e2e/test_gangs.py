@@ -24,6 +24,7 @@ from scheduler_harness import (
     list_pods,
     pod,
     pod_condition,
+    priority_classes,
     start_scheduler,
     unique,
     wait_until,
@@ -224,20 +225,14 @@ def test_malformed_gangs_get_clear_events_and_other_pods_carry_on(
 
 
 @pytest.fixture
-def low_and_high(kube: ClusterClient) -> Iterator[tuple[str, str]]:
-    api = client.SchedulingV1Api(kube.api_client)
-    names = (unique("gang-low"), unique("gang-high"))
-    for pc, value in zip(names, (100, 1000000), strict=True):
-        api.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                                   "metadata": {"name": pc}, "value": value})
-    yield names
-    for pc in names:
-        api.delete_priority_class(pc)
+def low_and_high(kube: ClusterClient) -> Iterator[tuple[str, ...]]:
+    with priority_classes(kube, 100, 1000000, prefix="gang") as names:
+        yield names
 
 
 def test_a_high_priority_gang_preempts_for_its_minimum_and_nothing_for_half_a_gang(
     kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, pool: tuple[str, list[str]],
-    low_and_high: tuple[str, str],
+    low_and_high: tuple[str, ...],
 ) -> None:
     """24 one-GPU pods of priority 100 fill the pool's 3 nodes. Gang `train` (2 x 8 GPUs, priority
     1,000,000) evicts exactly two nodes' pods and binds both members together there. Gang `more` (same

@@ -92,11 +92,14 @@ def delete_quota(kube: ClusterClient, name: str) -> None:
             raise
 
 
-def test_borrowed_gpus_are_reclaimed_when_their_owner_needs_them(
-    kube: ClusterClient, log_dir: Path, pool: tuple[str, list[str]], teams: tuple[str, str, str],
-) -> None:
+@pytest.fixture
+def lending(kube: ClusterClient, log_dir: Path, pool: tuple[str, list[str]],
+            teams: tuple[str, str, str]) -> Iterator[tuple[str, str, SchedulerProcess]]:
+    """Team A (8 GPUs guaranteed, 8 more it may borrow) fills the pool's 16 GPUs with one-GPU pods
+    `a-0..15`, 8 of them borrowed from team B's idle guarantee of 8; a scheduler of its own. Yields the
+    two quotas' names and the scheduler."""
     name, _ = pool
-    tag, ns_a, ns_b = teams
+    tag, ns_a, _ = teams
     qa, qb = f"team-a-{tag}", f"team-b-{tag}"
     quota(kube, qa, {"namespaceSelector": {"matchLabels": {"team": f"a-{tag}"}}, "guaranteed": {"gpus": 8},
                      "borrowingLimit": {"gpus": 8}})
@@ -104,55 +107,69 @@ def test_borrowed_gpus_are_reclaimed_when_their_owner_needs_them(
     proc: SchedulerProcess | None = None
     try:
         proc = start_scheduler(kube, unique("gpupool"), log_dir)
-        sched = proc.name
-        # A fills the pool: 8 guaranteed + 8 borrowed from B's idle guarantee
-        create_pods(kube.core, ns_a, [pod(f"a-{i}", sched, name, gpus=1) for i in range(16)], concurrency=4)
+        create_pods(kube.core, ns_a, [pod(f"a-{i}", proc.name, name, gpus=1) for i in range(16)], concurrency=4)
         wait_bound(kube, ns_a, 16, timeout_s=90)
-
-        def a_status() -> dict[str, Any] | None:
-            status = quota_status(kube, qa)
-            return status if status.get("used", {}).get("gpus") == 16 else None
-
-        status = wait_until(a_status, 20, "team A's GpuQuota status: 16 GPUs used")
-        assert status["borrowed"]["gpus"] == 8
-        # beyond its borrowing room: A's 17th pod waits, told which quota and by how much
-        kube.core.create_namespaced_pod(ns_a, pod("a-extra", sched, name, gpus=1))
-
-        def over_quota_event() -> list[dict[str, Any]]:
-            return [e for e in events_for(kube, ns_a, "a-extra", "FailedScheduling") if qa in e["message"]]
-
-        (event,) = wait_until(over_quota_event, 30, "a-extra: FailedScheduling naming team A's quota")[:1]
-        assert "over" in event["message"], event["message"]
-        before_a = {p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")}
-
-        # B wants 4 of its guaranteed 8 back; the pool is full of A's pods
-        create_pods(kube.core, ns_b, [pod(f"b-{i}", sched, name, gpus=1) for i in range(4)], concurrency=4)
-        wait_bound(kube, ns_b, 4, timeout_s=90)
-        after_a = {p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")}
-        evicted = sorted(before_a - after_a)
-        assert len(evicted) == 4, f"A lost {evicted}: exactly 4 borrowed pods must go"
-        for victim in evicted:
-            preempted = events_for(kube, ns_a, victim, "Preempted")
-            assert preempted and "GpuQuota" in preempted[0]["message"], preempted
-        # A keeps its guarantee (8) plus what B still lends (4); its extra pod still may not borrow more
-        assert len(after_a) == 12 and "a-extra" not in after_a
-
-        def settled() -> tuple[dict[str, Any], dict[str, Any]] | None:
-            sa, sb = quota_status(kube, qa), quota_status(kube, qb)
-            ok = sa.get("used", {}).get("gpus") == 12 and sb.get("used", {}).get("gpus") == 4
-            return (sa, sb) if ok else None
-
-        sa, sb = wait_until(settled, 20, "quota status after the reclaim")
-        assert sa["borrowed"]["gpus"] == 4 and sb["borrowed"]["gpus"] == 0
-        assert proc.metric("gpupool_scheduler_quota_used", quota=qa, resource="gpus") == 12
-        assert proc.metric("gpupool_scheduler_quota_borrowed", quota=qa, resource="gpus") == 4
-        assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="quota") == 4
-        assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="priority") == 0
+        yield qa, qb, proc
     finally:
         if proc is not None:
             proc.stop()
         delete_quota(kube, qa)
         delete_quota(kube, qb)
+
+
+def assert_reclaimed(kube: ClusterClient, namespace: str, before: set[str], after: set[str], count: int) -> None:
+    """Exactly `count` of the pods bound `before` are gone `after`, each told it went for a GpuQuota."""
+    evicted = sorted(before - after)
+    assert len(evicted) == count, f"A lost {evicted}: exactly {count} borrowed pods must go"
+    for victim in evicted:
+        preempted = events_for(kube, namespace, victim, "Preempted")
+        assert preempted and "GpuQuota" in preempted[0]["message"], preempted
+
+
+def test_borrowed_gpus_are_reclaimed_when_their_owner_needs_them(
+    kube: ClusterClient, pool: tuple[str, list[str]], teams: tuple[str, str, str],
+    lending: tuple[str, str, SchedulerProcess],
+) -> None:
+    name, _ = pool
+    _, ns_a, ns_b = teams
+    qa, qb, proc = lending
+    sched = proc.name
+
+    def a_status() -> dict[str, Any] | None:
+        status = quota_status(kube, qa)
+        return status if status.get("used", {}).get("gpus") == 16 else None
+
+    status = wait_until(a_status, 20, "team A's GpuQuota status: 16 GPUs used")
+    assert status["borrowed"]["gpus"] == 8
+    # beyond its borrowing room: A's 17th pod waits, told which quota and by how much
+    kube.core.create_namespaced_pod(ns_a, pod("a-extra", sched, name, gpus=1))
+
+    def over_quota_event() -> list[dict[str, Any]]:
+        return [e for e in events_for(kube, ns_a, "a-extra", "FailedScheduling") if qa in e["message"]]
+
+    (event,) = wait_until(over_quota_event, 30, "a-extra: FailedScheduling naming team A's quota")[:1]
+    assert "over" in event["message"], event["message"]
+    before_a = {p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")}
+
+    # B wants 4 of its guaranteed 8 back; the pool is full of A's pods
+    create_pods(kube.core, ns_b, [pod(f"b-{i}", sched, name, gpus=1) for i in range(4)], concurrency=4)
+    wait_bound(kube, ns_b, 4, timeout_s=90)
+    after_a = {p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")}
+    assert_reclaimed(kube, ns_a, before_a, after_a, 4)
+    # A keeps its guarantee (8) plus what B still lends (4); its extra pod still may not borrow more
+    assert len(after_a) == 12 and "a-extra" not in after_a
+
+    def settled() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        sa, sb = quota_status(kube, qa), quota_status(kube, qb)
+        ok = sa.get("used", {}).get("gpus") == 12 and sb.get("used", {}).get("gpus") == 4
+        return (sa, sb) if ok else None
+
+    sa, sb = wait_until(settled, 20, "quota status after the reclaim")
+    assert sa["borrowed"]["gpus"] == 4 and sb["borrowed"]["gpus"] == 0
+    assert proc.metric("gpupool_scheduler_quota_used", quota=qa, resource="gpus") == 12
+    assert proc.metric("gpupool_scheduler_quota_borrowed", quota=qa, resource="gpus") == 4
+    assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="quota") == 4
+    assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="priority") == 0
 
 
 def test_an_invalid_quota_is_marked_and_changes_nothing(
@@ -182,41 +199,25 @@ def test_an_invalid_quota_is_marked_and_changes_nothing(
 
 
 def test_a_gang_reclaims_its_teams_borrowed_gpus_for_its_whole_minimum(
-    kube: ClusterClient, log_dir: Path, pool: tuple[str, list[str]], teams: tuple[str, str, str],
+    kube: ClusterClient, pool: tuple[str, list[str]], teams: tuple[str, str, str],
+    lending: tuple[str, str, SchedulerProcess],
 ) -> None:
     """As the single-pod reclaim above, for a PodGroup: team B's 4 one-GPU workers (minMember 4) take back
     4 of the GPUs team A borrows, evicted together for the gang, which then binds whole."""
     name, _ = pool
-    tag, ns_a, ns_b = teams
-    qa, qb = f"team-a-{tag}", f"team-b-{tag}"
-    quota(kube, qa, {"namespaceSelector": {"matchLabels": {"team": f"a-{tag}"}}, "guaranteed": {"gpus": 8},
-                     "borrowingLimit": {"gpus": 8}})
-    quota(kube, qb, {"namespaceSelector": {"matchLabels": {"team": f"b-{tag}"}}, "guaranteed": {"gpus": 8}})
-    proc: SchedulerProcess | None = None
-    try:
-        proc = start_scheduler(kube, unique("gpupool"), log_dir)
-        sched = proc.name
-        create_pods(kube.core, ns_a, [pod(f"a-{i}", sched, name, gpus=1) for i in range(16)], concurrency=4)
-        wait_bound(kube, ns_a, 16, timeout_s=90)
-        before_a = {p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")}
-        group = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": "workers"},
-                 "spec": {"minMember": 4}}
-        client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(
-            "scheduling.x-k8s.io", "v1alpha1", ns_b, "podgroups", group)
-        create_pods(kube.core, ns_b, [pod(f"w-{i}", sched, name, gpus=1,
-                                          labels={"scheduling.x-k8s.io/pod-group": "workers"}) for i in range(4)],
-                    concurrency=4)
-        wait_bound(kube, ns_b, 4, timeout_s=90)
-        after_a = {p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")}
-        evicted = sorted(before_a - after_a)
-        assert len(evicted) == 4, f"A lost {evicted}: exactly 4 borrowed pods must go"
-        for victim in evicted:
-            preempted = events_for(kube, ns_a, victim, "Preempted")
-            assert preempted and "GpuQuota" in preempted[0]["message"], preempted
-        assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="quota") == 4
-        assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="priority") == 0
-    finally:
-        if proc is not None:
-            proc.stop()
-        delete_quota(kube, qa)
-        delete_quota(kube, qb)
+    _, ns_a, ns_b = teams
+    _, _, proc = lending
+    sched = proc.name
+    before_a = {p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")}
+    group = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": "workers"},
+             "spec": {"minMember": 4}}
+    client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(
+        "scheduling.x-k8s.io", "v1alpha1", ns_b, "podgroups", group)
+    create_pods(kube.core, ns_b, [pod(f"w-{i}", sched, name, gpus=1,
+                                      labels={"scheduling.x-k8s.io/pod-group": "workers"}) for i in range(4)],
+                concurrency=4)
+    wait_bound(kube, ns_b, 4, timeout_s=90)
+    after_a = {p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")}
+    assert_reclaimed(kube, ns_a, before_a, after_a, 4)
+    assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="quota") == 4
+    assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="priority") == 0

@@ -8,13 +8,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client, watch
+from kubernetes import watch
 from scheduler_harness import (
+    SchedulerProcess,
     add_pool_nodes,
     assert_no_oversubscription,
     events_for,
     list_pods,
     pod,
+    priority_classes,
     start_scheduler,
     unique,
     wait_bound,
@@ -84,9 +86,10 @@ def test_sigkill_mid_burst_then_restart_allocates_nothing_twice(
     assert bound_at_kill < len(manifests), "the kill came after the burst; nothing was tested"
 
 
-def test_standby_takes_over_within_the_lease(
-    kube: ClusterClient, namespace: str, small_pool: str, log_dir: Path
-) -> None:
+@pytest.fixture
+def replicas(kube: ClusterClient, log_dir: Path) -> Iterator[tuple[str, SchedulerProcess, SchedulerProcess]]:
+    """Two schedulers of one name with leader election (lease 6 s, renew deadline 4 s, retry 1 s): the
+    name, the one that leads, the one standing by."""
     name = unique("ha")
     lease = ["--leader-elect", "--lease-namespace", "default", "--lease-duration", "6",
              "--renew-deadline", "4", "--retry-period", "1"]
@@ -95,32 +98,38 @@ def test_standby_takes_over_within_the_lease(
     try:
         leader = wait_until(lambda: next((s for s in (a, b) if s.metric("gpupool_scheduler_leader") == 1), None),
                             30, "a leader")
-        standby = b if leader is a else a
-        assert standby.metric("gpupool_scheduler_leader") == 0
-        assert standby.get("/readyz")[0] == 200  # standing by is ready
-        create_pods(kube.core, namespace, [pod(f"before-{i}", name, small_pool, gpus=1) for i in range(6)])
-        wait_bound(kube, namespace, 6)
-        # Scheduled Events are posted after the Binding, off the scheduling path: wait for them
-        for i in range(6):
-            events = wait_until(lambda i=i: events_for(kube, namespace, f"before-{i}", "Scheduled"), 15,
-                                f"before-{i}'s Scheduled event")
-            assert {e.get("reportingInstance") for e in events} == {leader.args[-1]}, events
-        leader.kill()
-        killed = time.monotonic()
-        create_pods(kube.core, namespace, [pod(f"after-{i}", name, small_pool, gpus=1) for i in range(6)])
-        wait_until(lambda: standby.metric("gpupool_scheduler_leader") == 1, 20, "the standby to lead", interval=0.1)
-        took_over = time.monotonic() - killed
-        wait_bound(kube, namespace, 12, timeout_s=30)
-        assert took_over <= 6 + 1 + 1, f"took over after {took_over:.1f}s (lease 6s, retry 1s)"
-        for i in range(6):
-            events = wait_until(lambda i=i: events_for(kube, namespace, f"after-{i}", "Scheduled"), 15,
-                                f"after-{i}'s Scheduled event")
-            assert {e.get("reportingInstance") for e in events} == {standby.args[-1]}, events
-        pods = list_pods(kube, namespace)
-        assert_no_oversubscription(kube, pods)
+        yield name, leader, b if leader is a else a
     finally:
         a.stop()
         b.stop()
+
+
+def test_standby_takes_over_within_the_lease(
+    kube: ClusterClient, namespace: str, small_pool: str, replicas: tuple[str, SchedulerProcess, SchedulerProcess],
+) -> None:
+    name, leader, standby = replicas
+    assert standby.metric("gpupool_scheduler_leader") == 0
+    assert standby.get("/readyz")[0] == 200  # standing by is ready
+    create_pods(kube.core, namespace, [pod(f"before-{i}", name, small_pool, gpus=1) for i in range(6)])
+    wait_bound(kube, namespace, 6)
+    # Scheduled Events are posted after the Binding, off the scheduling path: wait for them
+    for i in range(6):
+        events = wait_until(lambda i=i: events_for(kube, namespace, f"before-{i}", "Scheduled"), 15,
+                            f"before-{i}'s Scheduled event")
+        assert {e.get("reportingInstance") for e in events} == {leader.args[-1]}, events
+    leader.kill()
+    killed = time.monotonic()
+    create_pods(kube.core, namespace, [pod(f"after-{i}", name, small_pool, gpus=1) for i in range(6)])
+    wait_until(lambda: standby.metric("gpupool_scheduler_leader") == 1, 20, "the standby to lead", interval=0.1)
+    took_over = time.monotonic() - killed
+    wait_bound(kube, namespace, 12, timeout_s=30)
+    assert took_over <= 6 + 1 + 1, f"took over after {took_over:.1f}s (lease 6s, retry 1s)"
+    for i in range(6):
+        events = wait_until(lambda i=i: events_for(kube, namespace, f"after-{i}", "Scheduled"), 15,
+                            f"after-{i}'s Scheduled event")
+        assert {e.get("reportingInstance") for e in events} == {standby.args[-1]}, events
+    pods = list_pods(kube, namespace)
+    assert_no_oversubscription(kube, pods)
 
 
 @pytest.fixture
@@ -132,20 +141,14 @@ def two_nodes(kube: ClusterClient) -> Iterator[tuple[str, list[str]]]:
 
 
 @pytest.fixture
-def low_and_critical(kube: ClusterClient) -> Iterator[tuple[str, str]]:
-    api = client.SchedulingV1Api(kube.api_client)
-    names = (unique("ha-low"), unique("ha-critical"))
-    for name, value in zip(names, (100, 1000000), strict=True):
-        api.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                                   "metadata": {"name": name}, "value": value})
-    yield names
-    for name in names:
-        api.delete_priority_class(name)
+def low_and_critical(kube: ClusterClient) -> Iterator[tuple[str, ...]]:
+    with priority_classes(kube, 100, 1000000, prefix="ha") as names:
+        yield names
 
 
 def test_failover_mid_preemption_keeps_the_nomination_and_evicts_nobody_else(
-    kube: ClusterClient, namespace: str, two_nodes: tuple[str, list[str]], low_and_critical: tuple[str, str],
-    log_dir: Path,
+    kube: ClusterClient, namespace: str, two_nodes: tuple[str, list[str]], low_and_critical: tuple[str, ...],
+    replicas: tuple[str, SchedulerProcess, SchedulerProcess],
 ) -> None:
     """The leader preempts one node's 8 pods for an 8-GPU pod and is killed while they shut down (kwok
     removes them 20 s after their deletion starts: `gpupool.io/stop-takes`). The new leader finds the pod
@@ -154,54 +157,43 @@ def test_failover_mid_preemption_keeps_the_nomination_and_evicts_nobody_else(
     into the freed GPUs, and bind the pod where its victims were."""
     pool, _nodes = two_nodes
     low, critical = low_and_critical
-    name = unique("ha-pre")
-    lease = ["--leader-elect", "--lease-namespace", "default", "--lease-duration", "6",
-             "--renew-deadline", "4", "--retry-period", "1"]
-    a = start_scheduler(kube, name, log_dir, *lease, "--identity", "replica-a")
-    b = start_scheduler(kube, name, log_dir, *lease, "--identity", "replica-b")
-    try:
-        leader = wait_until(lambda: next((s for s in (a, b) if s.metric("gpupool_scheduler_leader") == 1), None),
-                            30, "a leader")
-        standby = b if leader is a else a
-        fill = []
-        for i in range(16):
-            manifest = pod(f"low-{i}", name, pool, gpus=1, priority_class=low,
-                           annotations={"gpupool.io/stop-takes": "20s"})
-            manifest["spec"]["terminationGracePeriodSeconds"] = 30  # a graceful delete: kwok then takes 20 s
-            fill.append(manifest)
-        create_pods(kube.core, namespace, fill, concurrency=8)
-        placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in wait_bound(kube, namespace, 16)}
-        create_pods(kube.core, namespace, [pod("critical", name, pool, gpus=8, priority_class=critical)])
+    name, leader, standby = replicas
+    fill = []
+    for i in range(16):
+        manifest = pod(f"low-{i}", name, pool, gpus=1, priority_class=low,
+                       annotations={"gpupool.io/stop-takes": "20s"})
+        manifest["spec"]["terminationGracePeriodSeconds"] = 30  # a graceful delete: kwok then takes 20 s
+        fill.append(manifest)
+    create_pods(kube.core, namespace, fill, concurrency=8)
+    placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in wait_bound(kube, namespace, 16)}
+    create_pods(kube.core, namespace, [pod("critical", name, pool, gpus=8, priority_class=critical)])
 
-        def nominated() -> str | None:
-            obj = kube.core.read_namespaced_pod("critical", namespace)
-            return obj.status.nominated_node_name if obj.status else None
+    def nominated() -> str | None:
+        obj = kube.core.read_namespaced_pod("critical", namespace)
+        return obj.status.nominated_node_name if obj.status else None
 
-        node = wait_until(nominated, 30, "the critical pod nominated")
-        victims = {n for n, at in placed.items() if at == node}
-        assert len(victims) == 8
+    node = wait_until(nominated, 30, "the critical pod nominated")
+    victims = {n for n, at in placed.items() if at == node}
+    assert len(victims) == 8
 
-        def terminating() -> set[str]:
-            return {p["metadata"]["name"] for p in list_pods(kube, namespace) if p["metadata"].get("deletionTimestamp")}
+    def terminating() -> set[str]:
+        return {p["metadata"]["name"] for p in list_pods(kube, namespace) if p["metadata"].get("deletionTimestamp")}
 
-        wait_until(lambda: terminating() == victims, 15, "the 8 victims terminating")
-        leader.kill()
-        wait_until(lambda: standby.metric("gpupool_scheduler_leader") == 1, 20, "the standby to lead", interval=0.2)
-        # a late pod of low priority: it may not take what the victims free (it cannot preempt: same priority)
-        create_pods(kube.core, namespace, [pod("late", name, pool, gpus=1, priority_class=low)])
-        bound = wait_until(lambda: next((p for p in list_pods(kube, namespace) if p["metadata"]["name"] == "critical"
-                                         and p["spec"].get("nodeName")), None),
-                           60, "the critical pod bound after its victims went")
-        assert bound["spec"]["nodeName"] == node
-        time.sleep(2.0)  # anything the new leader wrongly started would show by now
-        pods = {p["metadata"]["name"]: p for p in list_pods(kube, namespace)}
-        others = {n for n, at in placed.items() if at != node}
-        assert others <= set(pods), f"pods of the other node gone: {sorted(others - set(pods))}"
-        assert not any(pods[n]["metadata"].get("deletionTimestamp") for n in others), "evicted on the other node"
-        assert not victims & set(pods), "a victim is still there"
-        assert not pods["late"]["spec"].get("nodeName"), "the late pod took a GPU held for the critical pod"
-        assert_no_oversubscription(kube, list(pods.values()))
-        assert standby.metric("gpupool_scheduler_preemption_attempts_total", result="planned") == 0
-    finally:
-        a.stop()
-        b.stop()
+    wait_until(lambda: terminating() == victims, 15, "the 8 victims terminating")
+    leader.kill()
+    wait_until(lambda: standby.metric("gpupool_scheduler_leader") == 1, 20, "the standby to lead", interval=0.2)
+    # a late pod of low priority: it may not take what the victims free (it cannot preempt: same priority)
+    create_pods(kube.core, namespace, [pod("late", name, pool, gpus=1, priority_class=low)])
+    bound = wait_until(lambda: next((p for p in list_pods(kube, namespace) if p["metadata"]["name"] == "critical"
+                                     and p["spec"].get("nodeName")), None),
+                       60, "the critical pod bound after its victims went")
+    assert bound["spec"]["nodeName"] == node
+    time.sleep(2.0)  # anything the new leader wrongly started would show by now
+    pods = {p["metadata"]["name"]: p for p in list_pods(kube, namespace)}
+    others = {n for n, at in placed.items() if at != node}
+    assert others <= set(pods), f"pods of the other node gone: {sorted(others - set(pods))}"
+    assert not any(pods[n]["metadata"].get("deletionTimestamp") for n in others), "evicted on the other node"
+    assert not victims & set(pods), "a victim is still there"
+    assert not pods["late"]["spec"].get("nodeName"), "the late pod took a GPU held for the critical pod"
+    assert_no_oversubscription(kube, list(pods.values()))
+    assert standby.metric("gpupool_scheduler_preemption_attempts_total", result="planned") == 0

@@ -325,6 +325,11 @@ def test_a_pod_preempts_at_most_max_preemptions_times(world: World) -> None:
 
 # ---- a nomination another instance made (failover, restart): rebuilt from status.nominatedNodeName ----
 
+def hold_90s(victims: set[str]) -> float:
+    """An adopted nomination's hold: 90 s whatever its victims."""
+    return 90.0
+
+
 def nominated(obj: dict[str, Any], node: str | None) -> dict[str, Any]:
     out = bump(obj)
     out.setdefault("status", {})["nominatedNodeName"] = node
@@ -356,13 +361,13 @@ def test_a_new_leader_adopts_the_nomination_holds_the_room_and_does_not_preempt_
     if victims_first:
         for obj in events:
             world.state.apply_pod(obj)
-    nomination = world.state.adopt_nomination(uid, "ns/critical", "n1", 1000, 90.0)
+    nomination = world.state.adopt_nomination(uid, "ns/critical", "n1", 1000, hold_90s)
     assert nomination is not None and nomination.adopted
     if not victims_first:
         for obj in events:
             world.state.apply_pod(obj)
     assert nomination.victims == set(victims[:3])
-    assert world.state.adopt_nomination(uid, "ns/critical", "n1", 1000, 90.0) is None  # seen: once
+    assert world.state.adopt_nomination(uid, "ns/critical", "n1", 1000, hold_90s) is None  # seen: once
     # the preemptor comes up: its victims still terminate, so no second preemption (n2 untouched)
     again = world.schedule(pending)
     assert again.preemption is None and again.statement is None
@@ -384,7 +389,7 @@ def test_an_adopted_nomination_ends_when_its_field_is_cleared_or_expires(world: 
     big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
     uid = big["metadata"]["uid"]
     victims = n1_victims(world)
-    world.state.adopt_nomination(uid, "ns/critical", "n1", 1000, 90.0)
+    world.state.adopt_nomination(uid, "ns/critical", "n1", 1000, hold_90s)
     world.state.apply_pod(terminating(world.pods[victims[0]]))
     world.delete(victims[0])
     assert sorted(free_gpus(world.state, "n1")).count(1000) == 0  # held
@@ -395,10 +400,10 @@ def test_an_adopted_nomination_ends_when_its_field_is_cleared_or_expires(world: 
     assert result.preemption is not None and result.preemption.node == "n1"
     node = result.preemption.node
     assert not world.state.drop_adopted(uid)
-    assert world.state.adopt_nomination(uid, "ns/critical", node, 1000, 90.0) is None
+    assert world.state.adopt_nomination(uid, "ns/critical", node, 1000, hold_90s) is None
     # expiry releases an adopted nomination's holds like any other
     world.state.end_nomination(uid)
-    world.state.adopt_nomination(uid, "ns/critical", "n2", 1000, 90.0)
+    world.state.adopt_nomination(uid, "ns/critical", "n2", 1000, hold_90s)
     world.now[0] = 91.0
     assert [n.key for n in world.state.expire_nominations()] == ["ns/critical"]
 
@@ -406,7 +411,7 @@ def test_an_adopted_nomination_ends_when_its_field_is_cleared_or_expires(world: 
 def test_lower_priority_or_unrelated_terminations_do_not_join(world: World) -> None:
     small = prio_pod("mid", 150, gpus=1, scheduler="gpupool")  # above n1's 100, below n2's 200
     uid = small["metadata"]["uid"]
-    world.state.adopt_nomination(uid, "ns/mid", "n2", 150, 90.0)
+    world.state.adopt_nomination(uid, "ns/mid", "n2", 150, hold_90s)
     n2 = [u for u, o in world.pods.items() if o["spec"]["nodeName"] == "n2"]
     world.state.apply_pod(terminating(world.pods[n2[0]]))
     assert world.state.nominations[uid].victims == set()  # priority 200 is no victim of 150
@@ -414,13 +419,19 @@ def test_lower_priority_or_unrelated_terminations_do_not_join(world: World) -> N
     assert world.state.nominations[uid].victims == set()  # another node
 
 
-def test_a_more_important_pod_takes_a_lower_preemptors_holds_and_equal_or_lower_ones_do_not(world: World) -> None:
-    """kube-scheduler counts a nominated pod only against pods of its priority or lower."""
+def mid_holding_n1(world: World) -> dict[str, Any]:
+    """A 4-GPU pod of priority 500 that preempted n1's four pods, all gone: n1's GPUs are held for it."""
     mid = prio_pod("mid", 500, gpus=4, scheduler="gpupool")
     result = world.schedule(mid)
     assert result.preemption is not None and result.preemption.node == "n1"
     for victim in result.preemption.victims:
         world.delete(victim.uid)
+    return mid
+
+
+def test_a_more_important_pod_takes_a_lower_preemptors_holds_and_equal_or_lower_ones_do_not(world: World) -> None:
+    """kube-scheduler counts a nominated pod only against pods of its priority or lower."""
+    mid = mid_holding_n1(world)
     assert free_gpus(world.state, "n1") == [0, 0, 0, 0]  # held for mid
     for priority in (100, 500):  # not more important: the room stays mid's
         other = prio_pod(f"other-{priority}", priority, gpus=4, scheduler="gpupool")
@@ -435,11 +446,7 @@ def test_a_more_important_pod_takes_a_lower_preemptors_holds_and_equal_or_lower_
 
 
 def test_holds_on_another_node_come_back_after_a_more_important_pod_is_placed(world: World) -> None:
-    mid = prio_pod("mid", 500, gpus=4, scheduler="gpupool")
-    result = world.schedule(mid)
-    assert result.preemption is not None and result.preemption.node == "n1"
-    for victim in result.preemption.victims:
-        world.delete(victim.uid)
+    mid = mid_holding_n1(world)
     world.state.apply_pod(bump(world.pods[next(u for u, o in world.pods.items()
                                                if o["metadata"]["name"] == "n2-low-0")]), deleted=True)
     critical = prio_pod("critical", 1000, gpus=1, scheduler="gpupool")
@@ -451,11 +458,7 @@ def test_holds_on_another_node_come_back_after_a_more_important_pod_is_placed(wo
 
 
 def test_a_more_important_gang_takes_a_lower_preemptors_holds(world: World) -> None:
-    mid = prio_pod("mid", 500, gpus=4, scheduler="gpupool")
-    result = world.schedule(mid)
-    assert result.preemption is not None and result.preemption.node == "n1"
-    for victim in result.preemption.victims:
-        world.delete(victim.uid)
+    mid = mid_holding_n1(world)
     members = [world.state.plan(prio_pod(f"gang-{i}", 1000, gpus=2, scheduler="gpupool")) for i in range(2)]
     low_gang = [world.state.plan(prio_pod(f"low-gang-{i}", 500, gpus=2, scheduler="gpupool")) for i in range(2)]
     assert world.cycle.schedule_gang(low_gang, 2).statement is None  # equal priority: the room is mid's

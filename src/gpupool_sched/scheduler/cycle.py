@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -29,6 +30,8 @@ from gpupool_sched.placement.sampling import NodeSampler
 from gpupool_sched.scheduler.podspec import PodPlan
 from gpupool_sched.scheduler.preemptor import nomination_timeout_s
 from gpupool_sched.scheduler.state import ClusterState, plan_shapes
+
+P = TypeVar("P", Preemption, GangPreemption)  # a pod's plan or a gang's
 
 
 @dataclass(slots=True)
@@ -143,17 +146,10 @@ class Cycle:
         if self.state.preemptions.get(plan.uid, 0) >= self.max_preemptions:
             return result
         start = time.perf_counter()
-        preemption, reclaiming = None, False
-        if self.state.has_lower_priority(plan.priority):
-            preemption = plan_preemption(self.state.snapshot, plan.request, plan.priority, running(), self.policy(),
-                                         self.rng)
-        if (preemption is None or not preemption.victims) and reclaim is not None:
-            borrowed = reclaim()
-            if borrowed:
-                above_all = max(v.priority for v in borrowed) + 1
-                preemption = plan_preemption(self.state.snapshot, plan.request, above_all, borrowed, self.policy(),
-                                             self.rng)
-                reclaiming = True
+        preemption, reclaiming = self._plan_evictions(
+            plan.priority, running, reclaim,
+            lambda priority, pods: plan_preemption(self.state.snapshot, plan.request, priority, pods, self.policy(),
+                                                   self.rng))
         seconds = result.seconds + time.perf_counter() - start
         if preemption is None or not preemption.victims:
             return CycleResult(plan, None, result.unschedulable, seconds)
@@ -161,11 +157,27 @@ class Cycle:
             # the plan already has the fewest violations: every node needs a protected victim. The
             # Eviction API would refuse it (429) after the unprotected victims were gone, so evict nobody
             return CycleResult(plan, None, result.unschedulable, seconds, blocked_by_budget=preemption)
-        victims = [v.uid for v in preemption.victims]
         statement = Statement(self.state)
-        statement.evict(plan, preemption, nomination_timeout_s(self.state, victims, self.nomination_slack_s))
+        self._evict(statement, plan, preemption)
         statement.commit()
         return CycleResult(plan, statement, result.unschedulable, seconds, preemption, reclaiming)
+
+    def _plan_evictions(self, priority: int, running: Callable[[], list[RunningPod]],
+                        reclaim: Callable[[], list[RunningPod]] | None,
+                        plan_with: Callable[[int, list[RunningPod]], P | None]) -> tuple[P | None, bool]:
+        """Victims by priority (`plan_with(priority, candidates)`), else, with `reclaim`, among the pods
+        other teams borrow, whatever their priority (planned as if above all of them). True: reclaimed."""
+        preemption = plan_with(priority, running()) if self.state.has_lower_priority(priority) else None
+        if (preemption is None or not preemption.victims) and reclaim is not None:
+            borrowed = reclaim()
+            if borrowed:
+                return plan_with(max(v.priority for v in borrowed) + 1, borrowed), True
+        return preemption, False
+
+    def _evict(self, statement: Statement, plan: PodPlan, preemption: Preemption) -> None:
+        """`plan` nominated on `preemption`'s node, held for its victims' longest grace plus the slack."""
+        victims = [v.uid for v in preemption.victims]
+        statement.evict(plan, preemption, nomination_timeout_s(self.state, victims, self.nomination_slack_s))
 
     def schedule_gang(self, plans: list[PodPlan], need: int,
                       running: Callable[[], list[RunningPod]] | None = None,
@@ -226,20 +238,12 @@ class Cycle:
             return GangResult(None, out, seconds)
         if any(self.state.preemptions.get(p.uid, 0) >= self.max_preemptions for p in plans):
             return GangResult(None, out, seconds)
-        priority = min(p.priority for p in plans)
         requests = [p.request for p in plans]
         start = time.perf_counter()
-        preemption, reclaiming = None, False
-        if self.state.has_lower_priority(priority):
-            preemption = plan_gang_preemption(self.state.snapshot, requests, need, priority, running(),
-                                              self.policy(), self.rng)
-        if (preemption is None or not preemption.victims) and reclaim is not None:
-            borrowed = reclaim()
-            if borrowed:
-                above_all = max(v.priority for v in borrowed) + 1
-                preemption = plan_gang_preemption(self.state.snapshot, requests, need, above_all, borrowed,
-                                                  self.policy(), self.rng)
-                reclaiming = True
+        preemption, reclaiming = self._plan_evictions(
+            min(p.priority for p in plans), running, reclaim,
+            lambda priority, pods: plan_gang_preemption(self.state.snapshot, requests, need, priority, pods,
+                                                        self.policy(), self.rng))
         seconds += time.perf_counter() - start
         if preemption is None or not preemption.victims:
             return GangResult(None, out, seconds)
@@ -248,10 +252,8 @@ class Cycle:
         statement = Statement(self.state)
         for member in preemption.members:
             if member.victims:
-                plan = plans[member.member]
-                single = Preemption(member.placement.node, member.victims, member.placement, 0)
-                statement.evict(plan, single, nomination_timeout_s(
-                    self.state, [v.uid for v in member.victims], self.nomination_slack_s))
+                self._evict(statement, plans[member.member],
+                            Preemption(member.placement.node, member.victims, member.placement, 0))
         statement.commit()
         return GangResult(statement, out, seconds, preemption=preemption, reclaim=reclaiming)
 

@@ -121,6 +121,14 @@ def running_pods(state: ClusterState, budgets: DisruptionBudgets, below: int | N
     return out
 
 
+BY_PRIORITY = "of lower priority"  # why victims go, in Events and messages; else a quota reclaim
+
+
+def eviction_reason(reclaim: bool, quota: str | None) -> str:
+    """Why a preemption's victims go: their priority, or their team borrowing `quota`'s guarantee."""
+    return f"borrowing beyond their GpuQuota's guarantee (reclaimed for {quota})" if reclaim else BY_PRIORITY
+
+
 def nomination_timeout_s(state: ClusterState, victims: Iterable[str], slack_s: float) -> float:
     """How long the freed room is held: the victims' longest grace period plus `slack_s`."""
     graces = [e.grace_s if e.grace_s is not None else DEFAULT_GRACE_S
@@ -149,7 +157,7 @@ class Preemptor:
         self.recorder = recorder
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def carry_out(self, plan: PodPlan, preemption: Preemption, why: str = "of lower priority") -> None:
+    def carry_out(self, plan: PodPlan, preemption: Preemption, why: str = BY_PRIORITY) -> None:
         """Start evicting `preemption`'s victims for `plan` (already nominated in the state); `why` the
         victims go, for the Events (quota reclaim evicts pods whatever their priority)."""
         targets = []
@@ -181,7 +189,7 @@ class Preemptor:
             if exc.status != 404:
                 log.warning("pod %s/%s: clearing nominatedNodeName failed: %s", namespace, name, exc)
 
-    async def _run(self, plan: PodPlan, node: str, targets: list[Target], why: str = "of lower priority") -> None:
+    async def _run(self, plan: PodPlan, node: str, targets: list[Target], why: str = BY_PRIORITY) -> None:
         try:
             await self.api.set_nominated_node(plan.namespace, plan.name, node)
         except ApiError as exc:
@@ -204,11 +212,11 @@ class Preemptor:
                     continue  # already gone: what it held is free (or held, if the watch saw it go)
                 self._abort(plan, targets[i:], exc, clear=True)
                 return
-            self.metrics.preemption_victims.labels(reason="priority" if why == "of lower priority" else "quota").inc()
+            self.metrics.preemption_victims.labels(reason="priority" if why == BY_PRIORITY else "quota").inc()
             self.recorder.record(
                 target.namespace, target.name, target.uid, "Warning", "Preempted",
                 f"Preempted by {plan.key} (priority {plan.priority}) on node {node} to make room for {what}"
-                + ("" if why == "of lower priority" else f": pod(s) {why}")
+                + ("" if why == BY_PRIORITY else f": pod(s) {why}")
                 + (f"; checkpoint grace {target.grace_s}s" if target.grace_s is not None else ""))
 
     def _abort(self, plan: PodPlan, remaining: list[Target], exc: ApiError, *, clear: bool) -> None:

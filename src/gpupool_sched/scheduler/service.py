@@ -41,6 +41,7 @@ from gpupool_sched.scheduler.podspec import InvalidPod, PodPlan, pod_revision
 from gpupool_sched.scheduler.preemptor import (
     DisruptionBudgets,
     Preemptor,
+    eviction_reason,
     may_preempt,
     nomination_timeout_s,
     running_pods,
@@ -298,10 +299,8 @@ class SchedulerService:
         leader's victims free, so a failover does not hand that room to lower priorities or preempt again."""
         node = (obj.get("status") or {}).get("nominatedNodeName")
         if isinstance(node, str) and node:
-            nomination = self.state.adopt_nomination(uid, key, node, priority, 0.0)
-            if nomination is not None:
-                nomination.deadline = self.state.clock() + nomination_timeout_s(
-                    self.state, nomination.victims, self.cycle.nomination_slack_s)
+            self.state.adopt_nomination(uid, key, node, priority, lambda victims: nomination_timeout_s(
+                self.state, victims, self.cycle.nomination_slack_s))
         elif self.state.drop_adopted(uid):
             self.queue.on_event(ClusterEvent.GPU_FREED)
 
@@ -384,8 +383,7 @@ class SchedulerService:
             self.metrics.attempts.labels(result="unschedulable").inc()
             message = result.unschedulable.message
             if result.preemption is not None:
-                why = (f"borrowing beyond their GpuQuota's guarantee (reclaimed for {verdict.quota})"
-                       if result.reclaim else "of lower priority")
+                why = eviction_reason(result.reclaim, verdict.quota)
                 self.preemptor.carry_out(plan, result.preemption, why)
                 message += f"; preempting {len(result.preemption.victims)} pod(s) {why} on {result.preemption.node}"
             elif (blocked := result.blocked_by_budget) is not None:
@@ -462,9 +460,7 @@ class SchedulerService:
             assert result.unschedulable is not None
             message = f"PodGroup {key}: {result.unschedulable.message}"
             if result.preemption is not None:
-                quota = verdict.quota if verdict is not None else None
-                why = (f"borrowing beyond their GpuQuota's guarantee (reclaimed for {quota})"
-                       if result.reclaim else "of lower priority")
+                why = eviction_reason(result.reclaim, verdict.quota if verdict is not None else None)
                 for member, eviction in result.statement.evictions if result.statement else ():
                     self.preemptor.carry_out(member, eviction, why)
                 nodes = sorted({v.node for v in result.preemption.victims})

@@ -523,23 +523,26 @@ class ClusterState:
         self.nominations[uid] = nomination
         return nomination
 
-    def adopt_nomination(self, uid: str, key: str, node: str, priority: int, timeout_s: float) -> Nomination | None:
+    def adopt_nomination(self, uid: str, key: str, node: str, priority: int,
+                         timeout_s: Callable[[set[str]], float]) -> Nomination | None:
         """A pending pod shows `status.nominatedNodeName: node` that this instance did not decide: another
         leader preempted for it before a failover, or this one before a restart. Hold for it as that
         leader did (kube-scheduler rebuilds its nominator from the same field): the node's pods of lower
         priority that are already terminating become its victims, and those that go later join as they
-        go. None when there is nothing to adopt (the node is unknown, or this nomination was seen)."""
+        go. `timeout_s(victims)`: how long it holds. None when there is nothing to adopt (the node is
+        unknown, or this nomination was seen)."""
         if self._nominated_on.get(uid) == node or node not in self.nodes or uid in self.pods:
             return None
         self.end_nomination(uid)
         self._nominated_on[uid] = node
-        nomination = Nomination(uid, key, node, priority, set(), self.clock() + timeout_s, adopted=True)
+        nomination = Nomination(uid, key, node, priority, set(), 0.0, adopted=True)
         self.nominations[uid] = nomination
         for victim in sorted(self.by_node.get(node, ())):
             entry = self.pods[victim]
             if entry.evicting_for == TERMINATING and entry.request.priority < priority:
                 entry.evicting_for = uid
                 nomination.victims.add(victim)
+        nomination.deadline = self.clock() + timeout_s(nomination.victims)
         log.info("pod %s: adopted its nomination on %s (%d victim(s) terminating)", key, node,
                  len(nomination.victims))
         return nomination
