@@ -60,7 +60,8 @@ def test_all_policies_write_json_and_plot(tmp_path, trace):
     for r in reports:
         assert {"policy", "trace", "total_gpus", "curve", "final"} <= r.keys()
         assert r["trace"] == "tiny" and r["total_gpus"] == 24
-        assert set(r["final"]) == {"allocated_pct", "unallocated_pct", "fragmented_pct", "failed_pods", "seconds"}
+        assert set(r["final"]) == {"arrived_pct", "allocated_pct", "unallocated_pct", "fragmented_pct", "failed_pods",
+                                   "seconds"}
         assert r["final"]["allocated_pct"] + r["final"]["unallocated_pct"] == pytest.approx(100.0)
         assert r["curve"][0] == {"arrived_pct": 0, "allocated_pct": 0.0}
         assert all(p["allocated_pct"] <= p["arrived_pct"] + 2 for p in r["curve"])  # ±1 point window

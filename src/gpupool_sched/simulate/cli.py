@@ -20,7 +20,10 @@ MAX_SEED = 2**63 - 1  # numpy takes any non-negative seed; JSON readers take int
 EPILOG = (
     "The table reports the cluster when arrivals reach 100% of its GPU capacity: allocated, unallocated and "
     "fragmented GPU capacity, and 'failed pods', the arrivals that found no node with room by then (a failed pod "
-    "is never retried). The JSON adds failed_pods_total, the failed arrivals of the whole replay (up to --ratio "
+    "is never retried). When no arrival lands within 1 point of 100% (one pod jumps over it, as on a small "
+    "trace) or the arrivals end short of it (--ratio below 1), the numbers are measured at the first arrival "
+    "past 100% or at the last arrival instead: an 'arrived %' column says where and a warning says why. "
+    "The JSON adds failed_pods_total, the failed arrivals of the whole replay (up to --ratio "
     "x capacity), and final.failed_pods, the table's number. Bad input (files, flags, output paths) stops "
     "before the replay with one line naming the file, line and field, and exit code 2."
 )
@@ -194,8 +197,10 @@ def run(args: argparse.Namespace) -> int:
         )
     from rich.console import Console
 
-    from gpupool_sched.simulate.report import render_table
+    from gpupool_sched.simulate.report import off_full, render_table
 
+    for note in off_full(reports):
+        print(f"warning: {note}", file=sys.stderr)
     Console(width=None if sys.stdout.isatty() else 110).print(render_table(reports))
     if args.json:
         payload = reports[0].model_dump() if len(reports) == 1 else [r.model_dump() for r in reports]

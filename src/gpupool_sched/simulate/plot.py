@@ -45,7 +45,9 @@ def plot_reports(reports: Sequence[SimulationReport], out: Path) -> Path:
     for y, v in enumerate(values):
         bars.text(v, y, f" {v:.2f}", va="center", fontsize=8)
     bars.invert_yaxis()
-    bars.set_xlabel("unallocated GPUs at 100% arrived (%)")
+    at = {r.final.arrived_pct for r in reports}
+    where = "100% arrived" if at == {100.0} else f"{', '.join(f'{a:g}' for a in sorted(at))}% arrived (see warning)"
+    bars.set_xlabel(f"unallocated GPUs at {where} (%)")
     bars.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from gpupool_sched.simulate.metrics import allocation_curve
@@ -16,9 +17,15 @@ class CurvePoint(BaseModel):
 
 
 class FinalMetrics(BaseModel):
-    """The cluster when arriving GPU requests reach 100% of its capacity."""
+    """The cluster when arriving GPU requests reach 100% of its capacity (or, when the curve has no point at
+    100%, at the point the replay did reach: see ``arrived_pct``)."""
 
-    allocated_pct: float = Field(description="allocated GPU capacity, % (the curve at 100% arrived)")
+    arrived_pct: float = Field(
+        description="arrived GPU requests, % of capacity, where these numbers were measured: 100 when the curve "
+        "has a point there; otherwise the first arrival that passed 100% (one pod jumped over it, as on a "
+        "small trace) or the last arrival of a replay that never reached it (--ratio below 1)",
+    )
+    allocated_pct: float = Field(description="allocated GPU capacity, % (the curve at 100% arrived, or at arrived_pct)")
     unallocated_pct: float = Field(description="100 - allocated_pct")
     fragmented_pct: float = Field(description="idle GPU capacity that the workload's task classes cannot use, %")
     failed_pods: int = Field(
@@ -43,9 +50,25 @@ class SimulationReport(BaseModel):
     final: FinalMetrics
 
 
+def final_point(result: ReplayResult, curve: dict[int, float]) -> tuple[float, float]:
+    """(arrived %, allocated %) where the final metrics are read: the curve at 100% when it has that point;
+    otherwise the event the replay measured fragmentation and failed pods at (the first arrival reaching
+    the capacity, or the last arrival when none did), with its own arrived and allocated %. A missing
+    curve point is never read as 0."""
+    if 100 in curve:
+        return 100.0, curve[100]
+    capacity = result.total_gpus * 1000
+    if capacity <= 0 or result.arrived_milli.size == 0:
+        raise ValueError("a replay without GPU capacity or events has no final point")
+    reached = np.flatnonzero(result.arrived_milli >= capacity)
+    i = int(reached[0]) if reached.size else result.arrived_milli.size - 1
+    return (round(100.0 * float(result.arrived_milli[i]) / capacity, 2),
+            round(100.0 * float(result.used_milli[i]) / capacity, 2))
+
+
 def build_report(result: ReplayResult, trace: str, seed: int, event_order: str | None) -> SimulationReport:
     curve = allocation_curve(result.arrived_milli, result.used_milli, result.total_gpus)
-    at_full = curve.get(100, 0.0)
+    arrived_pct, at_full = final_point(result, curve)
     return SimulationReport(
         policy=result.policy,
         trace=trace,
@@ -56,6 +79,7 @@ def build_report(result: ReplayResult, trace: str, seed: int, event_order: str |
         failed_pods_total=int(result.failed.sum()),
         curve=[CurvePoint(arrived_pct=x, allocated_pct=v) for x, v in sorted(curve.items())],
         final=FinalMetrics(
+            arrived_pct=arrived_pct,
             allocated_pct=at_full,
             unallocated_pct=round(100.0 - at_full, 2),
             fragmented_pct=round(100.0 * result.fragmented_milli_at_full / (result.total_gpus * 1000), 2),
@@ -71,16 +95,38 @@ TABLE_CAPTION = (
 )
 
 
+def off_full(reports: Sequence[SimulationReport]) -> list[str]:
+    """Why the reports' final numbers are not read at 100% arrived (empty when they are). The arrivals are
+    the same for every policy of a run, so is the point."""
+    notes = []
+    for at in sorted({r.final.arrived_pct for r in reports} - {100.0}):
+        if at > 100.0:
+            notes.append(f"no arrival landed within 1 point of 100% of GPU capacity (one pod took the arrivals "
+                         f"past it): the numbers are measured at {at:.2f}% arrived, the first arrival past 100%")
+        else:
+            notes.append(f"the arrivals end at {at:.2f}% of GPU capacity, short of 100%: the numbers are measured "
+                         f"there, at the last arrival")
+    return notes
+
+
 def render_table(reports: Sequence[SimulationReport]):
     from rich.table import Table
 
     first = reports[0]
+    notes = off_full(reports)
+    caption = TABLE_CAPTION
+    if notes:
+        caption = TABLE_CAPTION.replace("measured when arrivals reach 100% of GPU capacity", "measured at the "
+                                        "'arrived %' column (100% of GPU capacity when the curve has that point)")
     table = Table(
         title=f"trace {first.trace}: {first.total_gpus} GPUs, {first.pods} arrivals, seed {first.seed}",
-        caption=TABLE_CAPTION,
+        caption=caption,
         caption_justify="left",
     )
-    for col in ("policy", "allocated %", "unallocated %", "fragmented %", "failed pods", "seconds"):
+    columns = ["policy", "allocated %", "unallocated %", "fragmented %", "failed pods", "seconds"]
+    if notes:
+        columns.insert(1, "arrived %")
+    for col in columns:
         table.add_column(col, justify="left" if col == "policy" else "right")
     best = min(r.final.unallocated_pct for r in reports)
     for r in reports:
@@ -88,6 +134,7 @@ def render_table(reports: Sequence[SimulationReport]):
         mark = "bold green" if f.unallocated_pct == best and len(reports) > 1 else None
         table.add_row(
             r.policy,
+            *([f"{f.arrived_pct:.2f}"] if notes else []),
             f"{f.allocated_pct:.2f}",
             f"{f.unallocated_pct:.2f}",
             f"{f.fragmented_pct:.2f}",
