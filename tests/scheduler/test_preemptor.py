@@ -201,6 +201,24 @@ def test_only_protected_victims_left_means_waiting_not_evicting(world: World) ->
     assert again.preemption is not None and again.preemption.node == "n1" and again.blocked_by_budget is None
 
 
+def test_a_budget_allowing_one_disruption_protects_all_but_one_of_its_pods(world: World) -> None:
+    """The budget over n1's pods allows 1 disruption: evicting all four of them would be refused at the
+    second, so the plan takes n2 (higher priority, but no violation) instead; the pods each carry the
+    budget, counted down per victim (kube-scheduler's filterPodsWithPDBViolation)."""
+    world.budgets.apply("ADDED", {
+        "metadata": {"namespace": "ns", "name": "one-of-n1"},
+        "spec": {"selector": {"matchLabels": {"app": "n1"}}}, "status": {"disruptionsAllowed": 1},
+    })
+    candidates = {p.uid: p for p in running_pods(world.state, world.budgets)}
+    n1 = [u for u, o in world.pods.items() if o["spec"]["nodeName"] == "n1"]
+    assert all(candidates[u].budgets == (("ns/one-of-n1", 1),) and not candidates[u].pdb_blocked for u in n1)
+    result = world.schedule(prio_pod("critical", 1000, gpus=4, scheduler="gpupool"))
+    assert result.preemption is not None and result.preemption.node == "n2"
+    assert result.preemption.pdb_violations == 0 and result.blocked_by_budget is None
+    one = world.schedule(prio_pod("small", 1000, gpus=1, scheduler="gpupool"))  # one victim: within budget
+    assert one.preemption is not None and one.preemption.node == "n1" and len(one.preemption.victims) == 1
+
+
 def test_nomination_timeout_defaults_to_30s_grace(world: World) -> None:
     plain = [u for u, o in world.pods.items() if not o["metadata"]["annotations"]]
     assert nomination_timeout_s(world.state, plain[:2], 10.0) == 40.0

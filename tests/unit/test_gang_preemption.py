@@ -12,7 +12,7 @@ from gpupool_sched.placement.gang import place_gang
 from gpupool_sched.placement.gang_preemption import plan_gang_preemption
 from unit.clusters import gpu_node
 from unit.test_gang import assert_same, state
-from unit.test_preemption import BEST_FIT, HIGH, Cluster, gpus, policies
+from unit.test_preemption import BEST_FIT, HIGH, Cluster, budgeted, gpus, policies
 
 
 def full_cluster(nodes: int = 3, priority: int = 1) -> Cluster:
@@ -81,6 +81,21 @@ def test_a_protected_victim_is_counted() -> None:
         c.whole(f"p{g}", "n0", [g], 1, pdb=g == 0)
     out = plan(c, [gpus(4), gpus(4)], 2)
     assert out is not None and out.pdb_violations == 1
+
+
+def test_a_budget_is_counted_down_across_the_members_nodes() -> None:
+    """Two members, each evicting one pod of the same budget (allows 1) on its own node: the second
+    eviction would be refused, so the plan counts one violation and the cycle evicts nobody."""
+    c = Cluster([gpu_node("n0", 1), gpu_node("n1", 1)])
+    budgeted(c, "p0", "n0", 0, 1, {"ns/one": 1})
+    budgeted(c, "p1", "n1", 0, 1, {"ns/one": 1})
+    out = plan(c, [gpus(1), gpus(1)], 2)
+    assert out is not None and len(out.victims) == 2 and out.pdb_violations == 1
+    roomy = Cluster([gpu_node("n0", 1), gpu_node("n1", 1)])
+    budgeted(roomy, "p0", "n0", 0, 1, {"ns/two": 2})
+    budgeted(roomy, "p1", "n1", 0, 1, {"ns/two": 2})
+    out = plan(roomy, [gpus(1), gpus(1)], 2)
+    assert out is not None and len(out.victims) == 2 and out.pdb_violations == 0
 
 
 def test_a_gang_that_fits_gets_no_victims() -> None:

@@ -245,6 +245,54 @@ def test_an_unavoidable_violation_is_counted():
     assert plan is not None and sorted(uids(plan)) == ["b1", "b2"] and plan.pdb_violations == 2
 
 
+def budgeted(c: Cluster, uid: str, node: str, gpu: int, priority: int, budgets: dict[str, int],
+             start: float = 0.0) -> RunningPod:
+    """A whole-GPU pod that the PodDisruptionBudgets `budgets` (name -> disruptions allowed) select."""
+    pod = c.whole(uid, node, [gpu], priority, start)
+    c.pods[-1] = replace(pod, budgets=tuple(sorted(budgets.items())))
+    return c.pods[-1]
+
+
+def test_a_budget_is_counted_down_per_victim():
+    """kube-scheduler's filterPodsWithPDBViolation: a budget that allows one disruption lets one of its
+    pods go; the second victim under it is a violation (the Eviction API would refuse it halfway)."""
+    c = Cluster([gpu_node("a", 2), gpu_node("b", 2)])
+    budgeted(c, "a0", "a", 0, 0, {"ns/one": 1})
+    budgeted(c, "a1", "a", 1, 0, {"ns/one": 1})
+    c.whole("b0", "b", [0], priority=5)
+    c.whole("b1", "b", [1], priority=5)
+    plan = c.plan(gpus(2))
+    assert plan is not None and plan.node == "b" and plan.pdb_violations == 0  # not "a": 1 violation
+    alone = Cluster([gpu_node("a", 2)])
+    budgeted(alone, "a0", "a", 0, 0, {"ns/one": 1})
+    budgeted(alone, "a1", "a", 1, 0, {"ns/one": 1})
+    only = alone.plan(gpus(2))
+    assert only is not None and sorted(uids(only)) == ["a0", "a1"] and only.pdb_violations == 1
+    one = alone.plan(gpus(1))  # one victim: within the budget
+    assert one is not None and len(one.victims) == 1 and one.pdb_violations == 0
+
+
+def test_a_budget_allowing_two_lets_two_go_and_a_pod_under_two_budgets_needs_both():
+    c = Cluster([gpu_node("a", 3)])
+    budgeted(c, "a0", "a", 0, 0, {"ns/two": 2})
+    budgeted(c, "a1", "a", 1, 0, {"ns/two": 2, "ns/none": 0})
+    budgeted(c, "a2", "a", 2, 0, {"ns/two": 2})
+    two = c.plan(gpus(2))
+    assert two is not None and sorted(uids(two)) == ["a0", "a2"] and two.pdb_violations == 0
+    three = c.plan(gpus(3))
+    assert three is not None and three.pdb_violations == 2  # a1 (ns/none) and the third under ns/two
+
+
+def test_budgets_already_spent_by_earlier_victims_of_the_same_plan_count():
+    c = Cluster([gpu_node("a", 1)])
+    budgeted(c, "a0", "a", 0, 0, {"ns/one": 1})
+    fresh = c.plan(gpus(1))
+    assert fresh is not None and fresh.pdb_violations == 0
+    spent = plan_preemption(c.snap, gpus(1), HIGH, c.pods, BEST_FIT, np.random.default_rng(0),
+                            spent={"ns/one": 1})
+    assert spent is not None and spent.pdb_violations == 1
+
+
 # ---- no plan -------------------------------------------------------------------------------------
 def test_nothing_is_evicted_when_even_every_lower_priority_pod_gone_is_not_enough():
     c = Cluster([gpu_node("small", 2), gpu_node("mixed", 4)])
@@ -412,18 +460,31 @@ def oracle_victims(c: Cluster, request: PodRequest, node: str) -> tuple[list[str
     if isinstance(decide(snap, probe, BEST_FIT), Unschedulable):
         return None
 
-    def key(p: RunningPod) -> tuple[object, ...]:
+    def importance(p: RunningPod) -> tuple[object, ...]:
         cost = gpu_cost(p.placement, spec)
-        return (not p.pdb_blocked, -p.priority, -cost.milli, -cost.whole, p.start_time, p.uid)
+        return (-p.priority, -cost.milli, -cost.whole, p.start_time, p.uid)
 
-    victims, violations = [], 0
-    for p in sorted(low, key=key):
+    def over_budget(pods: list[RunningPod]) -> set[str]:
+        """Pods past their budgets' allowance, counted most important first."""
+        left: dict[str, int] = {}
+        out = set()
+        for p in sorted(pods, key=importance):
+            for name, allowed in p.budgets:
+                left[name] = left.get(name, allowed) - 1
+                if left[name] < 0:
+                    out.add(p.uid)
+            if p.pdb_blocked:
+                out.add(p.uid)
+        return out
+
+    protected = over_budget(low)
+    victims: list[RunningPod] = []
+    for p in sorted(low, key=lambda p: (p.uid not in protected, *importance(p))):
         snap.assume(p.request, p.placement)
         if isinstance(decide(snap, probe, BEST_FIT), Unschedulable):
             snap.release(p.request, p.placement)
-            victims.append(p.uid)
-            violations += p.pdb_blocked
-    return victims, violations
+            victims.append(p)
+    return [v.uid for v in victims], len(over_budget(victims))
 
 
 @st.composite
@@ -442,6 +503,9 @@ def clusters(draw: st.DrawFn) -> tuple[Cluster, PodRequest]:
                     gb = draw(st.sampled_from([10, 20]))
                     prio = draw(st.sampled_from([0, 1, 5, HIGH])) if t else prio
                     c.share(f"{n}-{j}-{t}", n, j, gb * GB, prio, draw(st.integers(0, 9)), pdb=pdb and t == 0)
+    # PodDisruptionBudgets, counted down per victim: "one" allows 1 disruption, "two" 2, "none" 0
+    shared = [(), (("one", 1),), (("two", 2),), (("one", 1), ("two", 2)), (("none", 0),)]
+    c.pods = [replace(p, budgets=draw(st.sampled_from(shared))) for p in c.pods]
     requests = [gpus(1), gpus(2), gpus(1, cpu=14_000), mem_share(30), mem_share(50), mem_share(70)]
     return c, draw(st.sampled_from(requests))
 

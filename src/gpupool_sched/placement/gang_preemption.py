@@ -8,7 +8,9 @@ Pure, like ``place_gang``: members are taken largest first; each one goes where 
 on the snapshot as it stands, and where it fits nowhere ``plan_preemption`` picks its victims among
 the pods not yet chosen. The victims are then released and the member assumed on the scratch snapshot,
 so the next member sees the gang's earlier members in place and their victims gone. Everything is
-undone before returning: the snapshot is as it was.
+undone before returning: the snapshot is as it was. PodDisruptionBudgets are counted down across the
+members: what earlier members' victims took of a budget is spent for the later ones (``spend``), so a
+budget allowing one disruption is not counted once per node.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import gang_order
-from gpupool_sched.placement.preemption import RunningPod, plan_preemption
+from gpupool_sched.placement.preemption import RunningPod, plan_preemption, spend
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ def plan_gang_preemption(
     undo: list[tuple[str, PodRequest, Placement]] = []  # ("assume" | "release", ...) to reverse
     planned: list[MemberPlan] = []
     violations = 0
+    spent: dict[str, int] = {}  # disruptions the victims so far took of each budget
     try:
         order = gang_order(members)
         for pos, i in enumerate(order):
@@ -78,13 +81,15 @@ def plan_gang_preemption(
             if isinstance(decision, Placement):
                 victims: tuple[RunningPod, ...] = ()
             else:
-                preemption = plan_preemption(snapshot, request, priority, list(left.values()), policy, rng)
+                preemption = plan_preemption(snapshot, request, priority, list(left.values()), policy, rng,
+                                             spent=spent)
                 if preemption is None:  # fits nowhere even with every lower pod gone: the others may do
                     if len(planned) + len(order) - pos - 1 < need:
                         return None
                     continue
                 victims, decision = preemption.victims, preemption.placement
                 violations += preemption.pdb_violations
+                spent = spend(victims, spent)
                 for victim in victims:
                     del left[victim.uid]
                     snapshot.release(victim.request, victim.placement)

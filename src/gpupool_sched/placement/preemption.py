@@ -9,6 +9,12 @@ defaultpreemption), with GPU awareness added:
   still does not fit there, the node is no candidate. Otherwise they are added back one at a time, most
   important first (PDB-protected ones first, then higher priority, then *more GPU capacity held*, then
   earlier start), each kept if the pod still fits; those that cannot be kept are the node's victims.
+* PodDisruptionBudgets are counted down per pod, as kube-scheduler's ``filterPodsWithPDBViolation``
+  does: a budget that allows k disruptions lets k of the pods it selects go; each further one is a
+  violation (the Eviction API would refuse it, halfway through the plan). "PDB-protected" above means
+  the pods past their budgets' allowance when the node's candidates are counted, most important first;
+  the violations a plan reports are counted the same way over its actual victims. ``spent``: what
+  earlier victims of the same decision (a gang's other members) already took of each budget.
 * "Fits" is the policy's own filter chain (plus the joint check of multi-shape pods), exactly what
   ``decide()`` asks, so a plan never evicts for a node the pod could not use anyway.
 * The node is chosen by, in order: fewest PDB violations; lowest highest-victim priority; least GPU
@@ -35,7 +41,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -65,8 +71,10 @@ _SHAPES_FIT = GpuShapesFit()
 @dataclass(frozen=True, slots=True)
 class RunningPod:
     """A pod holding resources on a node, as preemption sees it. ``request`` and ``placement`` must be
-    exactly what is accounted on the snapshot (``release`` undoes them). ``pdb_blocked``: evicting it
-    would violate a PodDisruptionBudget (the caller decides, e.g. from the PDBs' disruptionsAllowed)."""
+    exactly what is accounted on the snapshot (``release`` undoes them). ``budgets``: (name, disruptions
+    it allows now) of every PodDisruptionBudget that selects the pod (its status.disruptionsAllowed);
+    the same name must carry the same number on every pod. ``pdb_blocked``: evicting it violates a
+    budget whatever the count (the caller decides; a budget in ``budgets`` allowing 0 does the same)."""
 
     uid: str
     node: str
@@ -75,6 +83,33 @@ class RunningPod:
     placement: Placement
     start_time: float  # seconds since the epoch; later = younger
     pdb_blocked: bool = False
+    budgets: tuple[tuple[str, int], ...] = ()
+
+
+def count_down(pods: Iterable[RunningPod], spent: Mapping[str, int] | None = None) -> list[bool]:
+    """Per pod, in the order given: does evicting it (after the ones before it) violate a budget? Each
+    pod takes one disruption from every budget that selects it (kube-scheduler's
+    filterPodsWithPDBViolation); ``spent``: disruptions already taken from each budget."""
+    left: dict[str, int] = {}
+    out = []
+    for pod in pods:
+        violates = pod.pdb_blocked
+        for name, allowed in pod.budgets:
+            if name not in left:
+                left[name] = allowed - (spent or {}).get(name, 0)
+            left[name] -= 1
+            violates |= left[name] < 0
+        out.append(violates)
+    return out
+
+
+def spend(victims: Iterable[RunningPod], spent: Mapping[str, int] | None = None) -> dict[str, int]:
+    """``spent`` plus the disruptions ``victims`` take from their budgets."""
+    out = dict(spent or {})
+    for victim in victims:
+        for name, _ in victim.budgets:
+            out[name] = out.get(name, 0) + 1
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +247,7 @@ def plan_preemption(
     running: Sequence[RunningPod],
     policy: Policy,
     rng: np.random.Generator | None = None,
+    spent: Mapping[str, int] | None = None,
 ) -> Preemption | None:
     """Where ``request`` (of ``priority``, usually ``request.priority``) can run by evicting pods of
     strictly lower priority from ``running`` (the pods accounted on ``snapshot``), or None when no node
@@ -222,7 +258,8 @@ def plan_preemption(
     pod fit on a node as things are, that node wins with no victims. Multi-shape pods (``of_shapes``)
     are handled like single-shape ones: "fits" includes the joint fit of all their shapes, and victims
     holding several shapes free all of them. Running pods on nodes the snapshot lacks hold nothing on it
-    and are ignored; a UID given twice is a ValueError.
+    and are ignored; a UID given twice is a ValueError. ``spent``: disruptions of each budget already
+    taken by victims chosen earlier for the same decision (see the module docstring).
     """
     seen: set[str] = set()
     by_row: dict[int, list[RunningPod]] = defaultdict(list)
@@ -242,7 +279,9 @@ def plan_preemption(
     for row in rows:
         spec = work.nodes[row]
         costs = {p.uid: gpu_cost(p.placement, spec) for p in by_row[row]}
-        order = sorted(by_row[row], key=lambda p: (not p.pdb_blocked, *_importance(p, costs[p.uid])))
+        ranked = sorted(by_row[row], key=lambda p: _importance(p, costs[p.uid]))
+        protected = {p.uid for p, v in zip(ranked, count_down(ranked, spent), strict=True) if v}
+        order = sorted(ranked, key=lambda p: (p.uid not in protected, *_importance(p, costs[p.uid])))
         for pod in order:
             work.release(pod.request, pod.placement)
         plans[row] = _NodePlan(row, order, costs)
@@ -264,7 +303,9 @@ def plan_preemption(
             if not fits[plan.row]:
                 work.release(pod.request, pod.placement)
                 plan.victims.append(pod)
-                plan.violations += pod.pdb_blocked
+    for plan in plans.values():
+        victims = sorted(plan.victims, key=lambda p: _importance(p, plan.costs[p.uid]))
+        plan.violations = sum(count_down(victims, spent))
 
     best = min(plans.values(), key=lambda plan: plan.key(int(snapshot.tie_rank[plan.row])))
     node = snapshot.node_names[best.row]

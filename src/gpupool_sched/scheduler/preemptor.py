@@ -85,7 +85,10 @@ class DisruptionBudgets:
     """The cluster's PodDisruptionBudgets (policy/v1), from the watch. A pod is blocked when a budget of
     its namespace selects it and allows no disruption now (its status.disruptionsAllowed is 0, which is
     what kube-controller-manager's disruption controller computes; a budget without status counts as 0).
-    Only preemption's ranking uses this: the Eviction API enforces the budgets either way."""
+    Each candidate also carries every budget that selects it with the disruptions it allows
+    (`covering`): the planner counts them down per victim, so two victims under a budget that allows
+    one make one violation. Only preemption's ranking uses this: the Eviction API enforces the budgets
+    either way."""
 
     def __init__(self) -> None:
         self.budgets: dict[tuple[str, str], Budget] = {}
@@ -107,6 +110,11 @@ class DisruptionBudgets:
     def blocked(self, namespace: str, labels: Mapping[str, str]) -> bool:
         return any(b.disruptions_allowed <= 0 and b.selects(namespace, labels) for b in self.budgets.values())
 
+    def covering(self, namespace: str, labels: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
+        """("namespace/name", disruptions allowed) of every budget that selects the pod."""
+        return tuple(sorted((f"{ns}/{name}", b.disruptions_allowed) for (ns, name), b in self.budgets.items()
+                            if b.selects(namespace, labels)))
+
 
 def running_pods(state: ClusterState, budgets: DisruptionBudgets, below: int | None = None) -> list[RunningPod]:
     """The ledger's candidates for eviction (bound or confirmed, not already being evicted, no holds);
@@ -116,8 +124,9 @@ def running_pods(state: ClusterState, budgets: DisruptionBudgets, below: int | N
         if below is not None and entry.request.priority >= below:
             continue
         namespace = entry.key.partition("/")[0]
+        covering = budgets.covering(namespace, entry.labels) if budgets.budgets else ()
         out.append(RunningPod(entry.uid, entry.node, entry.request.priority, entry.request, entry.placement,
-                              entry.started, budgets.blocked(namespace, entry.labels)))
+                              entry.started, any(allowed <= 0 for _, allowed in covering), covering))
     return out
 
 
