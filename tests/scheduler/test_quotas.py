@@ -19,7 +19,7 @@ from waiting import eventually
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.preemption import RunningPod
-from gpupool_sched.placement.quota import Amount
+from gpupool_sched.placement.quota import Amount, Verdict
 from gpupool_sched.scheduler.kubeapi import KubeApi
 from gpupool_sched.scheduler.labelselector import LabelSelector
 from gpupool_sched.scheduler.podspec import PodPlan
@@ -193,6 +193,23 @@ def test_check_refuses_over_quota_with_the_quota_and_the_excess() -> None:
         book.check_gang([plan("ns-a", "x", gpus=1), plan("ns-b", "y", gpus=1)])
 
 
+def test_admit_gang_admits_members_in_order_while_the_quota_allows() -> None:
+    """Issue 16 A4, the book's half: every member bound must pass admission, not just the minimum."""
+    book = book_with(quota_obj("a", team_spec("a", 2)), quota_obj("b", team_spec("b", 1)),
+                     namespaces=(ns_obj("ns-a", team="a"), ns_obj("ns-b", team="b")))
+    gang = [plan("ns-a", f"g{i}", gpus=1) for i in range(4)]
+    count, verdict = book.admit_gang(gang, 2)
+    assert count == 2 and not verdict.ok and verdict.quota == "a"
+    assert verdict.message.startswith("GpuQuota a: needs 1 GPU, uses 2 of 2 guaranteed")  # the 3rd, after 2
+    count, verdict = book.admit_gang(gang, 3)
+    assert count == 0 and "needs 3 GPUs, uses 0 of 2 guaranteed" in verdict.message
+    assert book.admit_gang(gang[:2], 2) == (2, book.check_gang(gang[:2]))
+    lender = book_with(quota_obj("a", team_spec("a", 2, borrow=1)), quota_obj("b", team_spec("b", 1)),
+                       namespaces=(ns_obj("ns-a", team="a"), ns_obj("ns-b", team="b")))
+    assert lender.admit_gang(gang, 2)[0] == 3  # one more, borrowed from b's idle guarantee
+    assert book.admit_gang([plan("free", f"f{i}", gpus=8) for i in range(3)], 1) == (3, Verdict(True))
+
+
 def test_borrowing_and_reclaim_through_the_book() -> None:
     """Scenario 4c's decisions: a borrows b's idle GPUs; b's pod gets a's borrowed pods as candidates."""
     book = book_with(quota_obj("a", team_spec("a", 2, borrow=4)), quota_obj("b", team_spec("b", 4)),
@@ -340,3 +357,113 @@ def test_status_on_the_api_server(kube: ClusterClient, namespace: str, quotas_ap
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+
+
+# ---- the whole service: the quota check in the cycle, on a fake API (writes recorded, never sent) -------
+
+class RecordingApi(KubeApi):
+    """Every write (Bindings, Events, pod status, evictions) is recorded and answered 200."""
+
+    def __init__(self) -> None:
+        super().__init__(client.ApiClient(client.Configuration()), workers=1)
+        self.writes: list[tuple[str, str, Any]] = []
+
+    async def write(self, method: str, api_path: str, body: Any, content_type: str = "") -> None:
+        self.writes.append((method, api_path, body))
+
+    def bound(self) -> list[str]:
+        return [body["metadata"]["name"] for method, p, body in self.writes if p.endswith("/bindings")]
+
+    def events(self, reason: str = "FailedScheduling") -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for _, p, body in self.writes:
+            if p.endswith("/events") and body.get("reason") == reason:
+                out.setdefault(body["involvedObject"]["name"], []).append(body["message"])
+        return out
+
+
+def service_pod(name: str, namespace: str, *, gpus: int = 1, node: str | None = None, priority: int = 0,
+                group: str | None = None, scheduler: str = "gpupool") -> dict[str, Any]:
+    from gpupool_sched.scheduler.gangs import POD_GROUP_LABEL
+    from scheduler.test_state import pod_obj
+
+    obj = pod_obj(name, gpus=gpus, node=node, scheduler=scheduler, phase="Running" if node else "Pending")
+    obj["metadata"]["namespace"] = namespace
+    obj["metadata"]["uid"] = f"uid-{namespace}-{name}"
+    obj["metadata"]["labels"] = {POD_GROUP_LABEL: group} if group else {}
+    obj["spec"]["priority"] = priority
+    return obj
+
+
+class Service:
+    """A SchedulerService with nodes, namespaces and quotas, driven one decision at a time."""
+
+    def __init__(self, nodes: dict[str, str], quotas: tuple[dict[str, Any], ...],
+                 namespaces: tuple[dict[str, Any], ...]) -> None:
+        from scheduler.test_state import node_obj
+
+        self.api = RecordingApi()
+        self.svc = SchedulerService(SchedulerConfig(), self.api)
+        for name, profile in nodes.items():
+            self.svc.on_node("ADDED", node_obj(name, profile))
+        for ns in namespaces:
+            self.svc.quotas.on_namespace("ADDED", ns)
+        for obj in quotas:
+            self.svc.quotas.on_quota("ADDED", obj)
+        self.pods: dict[str, dict[str, Any]] = {}
+
+    def add(self, *objs: dict[str, Any]) -> None:
+        for obj in objs:
+            self.pods[obj["metadata"]["name"]] = obj
+            self.svc.on_pod("ADDED", obj)
+
+    def delete(self, name: str) -> None:
+        from scheduler.test_state import bump
+
+        self.svc.on_pod("DELETED", bump(self.pods[name]))
+
+    async def run(self, limit: int = 100) -> int:
+        """Decide for every pod the queue offers now (after their backoff, which the test skips)."""
+        decided = 0
+        self.svc.queue.flush()
+        while decided < limit:
+            self.svc.queue._flush_backoff(float("inf"))
+            item = self.svc.queue.pop()
+            if item is None:
+                break
+            self.svc.schedule_one(item)
+            decided += 1
+        await self.svc.binder.drain()
+        await self.svc.preemptor.drain()
+        await self.svc.recorder.flush()
+        return decided
+
+
+def gang_group(name: str, namespace: str, min_member: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace, "uid": f"pg-{name}"},
+            "spec": {"minMember": min_member}}
+
+
+def test_a_gang_binds_only_the_members_its_quota_admits() -> None:
+    """Issue 16 A4: a 2-GPU guaranteed quota, borrowing 0, a gang of 4 one-GPU members with minMember 2:
+    2 bind (the minimum, within the quota), the other 2 wait with the quota's over-quota message."""
+    world = Service({"n1": "dgx-h100"}, (quota_obj("a", team_spec("a", 2)),), (ns_obj("ns-a", team="a"),))
+
+    async def scenario() -> None:
+        world.svc.recorder.start()
+        world.svc.on_pod_group("ADDED", gang_group("train", "ns-a", 2))
+        world.add(*(service_pod(f"w-{i}", "ns-a", group="train") for i in range(4)))
+        await world.run()
+        assert len(world.api.bound()) == 2, world.api.bound()
+        assert world.svc.quotas.usage()["a"] == Amount(2, 0)
+        waiting = sorted(set(world.pods) - set(world.api.bound()))
+        events = world.api.events()
+        for name in waiting:
+            assert any("GpuQuota a" in m and "over" in m for m in events.get(name, [])), (name, events)
+            assert world.svc.queue.where(f"uid-ns-a-{name}") == "unschedulable"
+        # they stay out while the quota is full, however often they are tried
+        await world.run()
+        assert len(world.api.bound()) == 2 and world.svc.quotas.usage()["a"] == Amount(2, 0)
+        await world.svc.recorder.stop()
+
+    asyncio.run(scenario())

@@ -362,11 +362,44 @@ class QuotaBook:
         unit = self.state.memory_unit_mib
         return self.check_demand(plans[0].namespace, total(demand_of(p.request, unit) for p in plans))
 
-    def check_demand(self, namespace: str, demand: Amount) -> Verdict:
+    def admit_gang(self, plans: Sequence[PodPlan], need: int) -> tuple[int, Verdict]:
+        """How many of a gang's pending members (one namespace), taken in order, the quota admits to start
+        together, and a verdict. Every member that is bound must pass admission, not just the first
+        `need` (issue 16 A4): (0, refusal) when even the first `need` together are over; else (k >= need,
+        the verdict of member k, the first left out, counted as if the k before it already ran), or
+        (len(plans), ok) when all of them fit."""
+        namespaces = {p.namespace for p in plans}
+        if len(namespaces) > 1:
+            raise ValueError(f"a gang's pods share one namespace, got {', '.join(sorted(namespaces))}")
+        if not plans or need > len(plans):
+            raise ValueError(f"need {need} of {len(plans)} members")
+        unit = self.state.memory_unit_mib
+        namespace = plans[0].namespace
+        demand = total(demand_of(p.request, unit) for p in plans[:need])
+        verdict = self.check_demand(namespace, demand)
+        if not verdict.ok:
+            return 0, verdict
+        count = need
+        for member in plans[need:]:
+            more = demand_of(member.request, unit)
+            nxt = self.check_demand(namespace, more, running=demand)
+            if not nxt.ok:
+                return count, nxt
+            demand += more
+            count += 1
+        return count, verdict
+
+    def check_demand(self, namespace: str, demand: Amount, *, running: Amount | None = None) -> Verdict:
+        """`running`: what the team is to start besides `demand` in the same decision (counted as used)."""
         quotas = self.quotas()
         if not quotas or demand.is_zero:
             return Verdict(True)
-        return admit(quotas, self.usage(), demand, namespace)
+        used = self.usage()
+        if running is not None and not running.is_zero:
+            name = owners(quotas).get(namespace)
+            if name is not None:
+                used = {**used, name: used.get(name, Amount()) + running}
+        return admit(quotas, used, demand, namespace)
 
     def reclaim(self, plan: PodPlan, running: Iterable[RunningPod]) -> list[RunningPod]:
         """Borrowed pods that may be preempted so that `plan`'s team gets its guaranteed GPUs back, in

@@ -436,14 +436,18 @@ class SchedulerService:
                 plans.append(other)
                 items.append(taken)
         self._observe(plan.uid, plan.request)
-        verdict = self.quotas.check_gang(plans[:need]) if len(plans) >= need else None
+        # every member bound passes admission: the quota's refusal keeps all of them (minimum over) or those
+        # beyond what it admits waiting
+        admitted, verdict = self.quotas.admit_gang(plans, need) if len(plans) >= need else (len(plans), None)
         if verdict is not None and not verdict.ok:
-            for member, member_item in zip(plans, items, strict=True):
+            for member, member_item in zip(plans[admitted:], items[admitted:], strict=True):
                 self.metrics.attempts.labels(result="unschedulable").inc()
                 self.queue.park(member_item, OVER_QUOTA_HINTS)
                 if (member_obj := self._pending.get(member.uid)) is not None:
                     self._report_unschedulable(member_obj, f"PodGroup {key}: {verdict.message}")
-            return True
+            if not admitted:
+                return True
+            plans, items = plans[:admitted], items[:admitted]
         if len(plans) < need:
             message = (f"PodGroup {key}: waiting for members: {len(placed)} placed and {len(plans)} pending "
                        f"of the {group.min_member} (minMember) that must start together")
