@@ -234,7 +234,9 @@ def test_gate_times_out() -> None:
     assert s.gate_timeouts == 1
 
 
-def test_bound_but_never_seen_expires() -> None:
+def test_bound_but_never_seen_is_marked_uncertain_not_freed() -> None:
+    """kube-scheduler forgets an assumed pod the watch never confirms; after a watch gap that frees GPUs
+    a bound pod uses. Here it keeps them, marked for a read (tests/scheduler/test_bind_outcomes.py)."""
     now = [0.0]
     s = ClusterState("gpupool", confirm_ttl_s=10.0, clock=lambda: now[0])
     s.apply_node(node_obj("n1"))
@@ -243,7 +245,8 @@ def test_bound_but_never_seen_expires() -> None:
     s.mark_bound(a["metadata"]["uid"])
     now[0] = 11.0
     assert [e.key for e in s.expire()] == ["ns/a"]
-    assert free_gpus(s, "n1") == [1000] * 4
+    assert s.pods[a["metadata"]["uid"]].uncertain and free_gpus(s, "n1") == [0] * 4
+    assert s.expire() == []  # asked once; the read settles it
 
 
 def test_scheduler_state_decides_exactly_as_the_simulator() -> None:

@@ -88,7 +88,8 @@ class Extender:
         self.rng = np.random.default_rng(0)
         # the Binder retries nothing here: kube-scheduler owns the retry, so its queue stays unused
         self.binder = Binder(self.state, api, SchedulingQueue(), self.metrics.binder,
-                             is_leader=lambda: True, on_bound=self._bound)
+                             is_leader=lambda: True, on_bound=self._bound,
+                             on_read=lambda obj: self.on_pod("MODIFIED", obj))
         self.synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -154,7 +155,9 @@ class Extender:
         while True:
             await asyncio.sleep(self.config.housekeeping_s)
             try:
-                self.state.expire()
+                for entry in self.state.expire():  # bound but not seen bound: read the pod
+                    namespace, _, name = entry.key.partition("/")
+                    self.binder.verify(entry.uid, entry.key, namespace, name, entry.node, None)
             except Exception:
                 log.exception("housekeeping failed")
 

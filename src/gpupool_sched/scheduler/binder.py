@@ -3,8 +3,12 @@
 Per placement: build the handshake assignment, wait at the node's per-shape gate while an
 unacknowledged pod of the same shape is pending there (docs/handshake.md rule 4; only on nodes whose
 plugin cannot tell same-shape pods apart by the kubelet's PodResources), take the gate, and
-POST the Binding with the assignment in its annotations. On failure the state forgets the pod
-and the queue retries it with backoff, or drops it when the pod is gone.
+POST the Binding with the assignment in its annotations.
+
+A failed Binding frees the pod's resources only when the answer is definite (`definitely_unbound`):
+a 4xx other than 409, or a write that was never sent (node gone, not the leader). A timeout, a 5xx, a
+lost answer or a 409 may hide a Binding that landed: the ledger keeps the pod's devices and `verify`
+reads the pod until it is seen bound (kept), unbound (forgotten, retried) or gone.
 """
 
 from __future__ import annotations
@@ -28,6 +32,18 @@ from gpupool_sched.scheduler.state import ClusterState
 log = logging.getLogger(__name__)
 
 
+NOT_SENT = ("NodeGone", "NotLeader")  # reasons of writes that never left this process
+VERIFY_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # between reads of a pod whose Binding's outcome is unknown
+
+
+def definitely_unbound(exc: ApiError) -> bool:
+    """Whether a failed Binding certainly did not bind: refused by the API server (4xx but 409, which
+    says the pod is bound already), or never sent. Everything else (no answer, 5xx) may have landed."""
+    if exc.reason in NOT_SENT:
+        return True
+    return 400 <= exc.status < 500 and exc.status != 409
+
+
 @dataclass(frozen=True, slots=True)
 class BindOutcome:
     plan: PodPlan
@@ -46,6 +62,8 @@ class Binder:
         *,
         is_leader: Callable[[], bool],
         on_bound: Callable[[BindOutcome, QueuedPod], None] | None = None,
+        on_unbound: Callable[[str], None] | None = None,
+        on_read: Callable[[dict[str, object]], None] | None = None,
     ) -> None:
         self.state = state
         self.api = api
@@ -53,6 +71,9 @@ class Binder:
         self.metrics = metrics
         self.is_leader = is_leader
         self.on_bound = on_bound
+        self.on_unbound = on_unbound  # a pod read unbound after an unknown outcome, with no queue item at hand
+        self.on_read = on_read or (lambda obj: state.apply_pod(obj))  # a pod read as the watch would show it
+        self._verifying: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._gates: dict[str, asyncio.Event] = {}
         state.on_gate_release = self.gate_released
@@ -97,6 +118,7 @@ class Binder:
         spec = self.state.node_spec(node)
         annotations: dict[str, str] = {}
         shapes: frozenset[tuple[str, int]] = frozenset()
+        sent = False
         try:
             if spec is None:
                 raise ApiError(404, "NodeGone", f"node {node} disappeared before the bind")
@@ -112,13 +134,21 @@ class Binder:
                 raise ApiError(0, "NotLeader", "lost leadership before the bind")
             if shapes:
                 self.state.hold_gate(plan.uid, shapes)
+            sent = True
             await self.api.bind(plan.namespace, plan.name, plan.uid, node, annotations)
         except ApiError as exc:
             self._failed(plan, node, item, exc)
             return
         except asyncio.CancelledError:
-            self.state.forget(plan.uid)
+            if sent:  # it may be on the wire: kept until a read says (the extender's timeout)
+                self.state.mark_uncertain(plan.uid)
+                self.verify(plan.uid, plan.key, plan.namespace, plan.name, node, item)
+            else:
+                self.state.forget(plan.uid)
             raise
+        self._succeeded(plan, node, item, popped_at)
+
+    def _succeeded(self, plan: PodPlan, node: str, item: QueuedPod, popped_at: float) -> None:
         self.state.mark_bound(plan.uid)
         now = time.time()
         self.metrics.attempts.labels(result="scheduled").inc()
@@ -141,18 +171,81 @@ class Binder:
             self.metrics.gate_timeouts.set(self.state.gate_timeouts)
 
     def _failed(self, plan: PodPlan, node: str, item: QueuedPod, exc: ApiError) -> None:
-        self.state.forget(plan.uid)
-        reason = exc.kind if exc.reason not in ("NodeGone", "NotLeader") else exc.reason
+        reason = exc.kind if exc.reason not in NOT_SENT else exc.reason
         self.metrics.bind_failures.labels(reason=reason).inc()
+        entry = self.state.pods.get(plan.uid)
+        if entry is not None and entry.node == node and entry.phase.value == "confirmed":
+            log.info("pod %s: its Binding's answer was lost (%s), but the watch shows it bound to %s", plan.key,
+                     exc, node)
+            self._succeeded(plan, node, item, time.monotonic())
+            return
+        if not definitely_unbound(exc) and entry is not None:
+            log.warning("pod %s: the outcome of its Binding to %s is unknown (%s); keeping its devices until "
+                        "a read of the pod says", plan.key, node, exc)
+            self.state.mark_uncertain(plan.uid)
+            self.metrics.bind_unknown.inc()
+            self.verify(plan.uid, plan.key, plan.namespace, plan.name, node, item)
+            if self.on_bound is not None:
+                self.on_bound(BindOutcome(plan, node, False, exc), item)
+            return
+        self.state.forget(plan.uid)
         self.metrics.attempts.labels(result="error").inc()
         if self.state.is_gone(plan.uid) or (exc.status == 404 and exc.reason != "NodeGone"):
             self.queue.delete(plan.uid)
             log.info("pod %s: gone before its bind to %s", plan.key, node)
-        elif exc.status == 409 and "already assigned" in exc.message:
-            self.queue.delete(plan.uid)  # bound by someone else; the watch will account it
-            log.info("pod %s: already bound elsewhere", plan.key)
         else:
             log.warning("pod %s: bind to %s failed (%s); retrying with backoff", plan.key, node, exc)
             self.queue.backoff(item)
         if self.on_bound is not None:
             self.on_bound(BindOutcome(plan, node, False, exc), item)
+
+    # ---- unknown outcomes -------------------------------------------------------------------------
+    def verify(self, uid: str, key: str, namespace: str, name: str, node: str, item: QueuedPod | None) -> None:
+        """Read the pod until its Binding's outcome is known (a task of its own; once per pod)."""
+        if uid in self._verifying:
+            return
+        self._verifying.add(uid)
+        task = asyncio.get_running_loop().create_task(self._verify(uid, key, namespace, name, node, item))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        task.add_done_callback(lambda _: self._verifying.discard(uid))
+
+    async def _verify(self, uid: str, key: str, namespace: str, name: str, node: str,
+                      item: QueuedPod | None) -> None:
+        attempt = 0
+        while True:
+            entry = self.state.pods.get(uid)
+            if entry is None or not entry.uncertain:
+                return  # the watch (or a re-list) settled it meanwhile
+            try:
+                obj = await self.api.read_pod(namespace, name)
+            except ApiError as exc:
+                if exc.status != 404:
+                    await asyncio.sleep(VERIFY_BACKOFF_S[min(attempt, len(VERIFY_BACKOFF_S) - 1)])
+                    attempt += 1
+                    continue
+                obj = None
+            entry = self.state.pods.get(uid)
+            if entry is None or not entry.uncertain:
+                return
+            meta = (obj or {}).get("metadata") or {}
+            bound_to = ((obj or {}).get("spec") or {}).get("nodeName")
+            if obj is None or meta.get("uid") != uid:
+                log.info("pod %s: gone while the outcome of its Binding was unknown", key)
+                self.state.forget(uid)
+                self.queue.delete(uid)
+                self.metrics.bind_verified.labels(outcome="gone").inc()
+            elif bound_to:
+                log.info("pod %s: read bound to %s (assumed %s); its Binding had landed", key, bound_to, node)
+                self.on_read(obj)  # as a watch event: confirmed where the API server says
+                self.metrics.bind_verified.labels(outcome="bound" if bound_to == node else "elsewhere").inc()
+                self.queue.done(uid)
+            else:
+                log.info("pod %s: read unbound; its Binding to %s did not land, retrying it", key, node)
+                self.state.forget(uid)
+                self.metrics.bind_verified.labels(outcome="unbound").inc()
+                if item is not None:
+                    self.queue.backoff(item)
+                elif self.on_unbound is not None:
+                    self.on_unbound(uid)
+            return

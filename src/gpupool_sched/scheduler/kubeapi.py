@@ -150,6 +150,11 @@ class KubeApi:
     async def list_raw(self, path: str) -> tuple[list[dict[str, Any]], str]:
         return await self.call(self.list_raw_sync, path)
 
+    async def read_pod(self, namespace: str, name: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+        """The pod as the API server has it now (ApiError 404: it is gone)."""
+        return await self.call(self._get, path("api", "v1", "namespaces", namespace, "pods", name), [],
+                               timeout_s=timeout_s)
+
     def server_version_sync(self, timeout_s: float = 5.0) -> str:
         return str(self._get("/version", [], timeout_s=timeout_s).get("gitVersion", "?"))
 

@@ -52,6 +52,12 @@ class SchedulerMetrics:
             registry=r)
         self.bind_failures = Counter(
             "gpupool_scheduler_bind_failures", "Bindings that failed, by reason", ["reason"], registry=r)
+        self.bind_unknown = Counter(
+            "gpupool_scheduler_bind_outcome_unknown", "Bindings whose answer was lost (timeout, 5xx, 409): the "
+            "pod's devices stay taken until a read of the pod says", registry=r)
+        self.bind_verified = Counter(
+            "gpupool_scheduler_bind_verified", "Reads that settled an unknown Binding outcome, by what they found",
+            ["outcome"], registry=r)
         self.binds_in_flight = Gauge(
             "gpupool_scheduler_binds_in_flight", "Binds sent or waiting at the handshake gate", registry=r)
         self.gate_waits = Counter(
@@ -97,6 +103,8 @@ class SchedulerMetrics:
             self.attempts.labels(result=result)
         for reason in BIND_FAILURE_REASONS:
             self.bind_failures.labels(reason=reason)
+        for outcome in ("bound", "elsewhere", "unbound", "gone"):
+            self.bind_verified.labels(outcome=outcome)
         for result in ("planned", "no_plan", "pdb_blocked", "failed"):
             self.preemption_attempts.labels(result=result)
         self.cluster_gpus = Gauge(

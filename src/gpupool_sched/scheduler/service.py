@@ -124,7 +124,8 @@ class SchedulerService:
             if config.leader_elect else AlwaysLeader()
         )
         self.binder = Binder(self.state, api, self.queue, self.metrics,
-                             is_leader=lambda: self.leader.is_leader, on_bound=self._bound)
+                             is_leader=lambda: self.leader.is_leader, on_bound=self._bound,
+                             on_unbound=self._unbound, on_read=lambda obj: self.on_pod("MODIFIED", obj))
         self.synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         # reports on API threads of their own: behind a burst of Bindings they would wait their turn
@@ -510,6 +511,17 @@ class SchedulerService:
 
     def _report_unschedulable(self, obj: dict[str, Any], message: str) -> None:
         meta = obj.get("metadata") or {}
+    def _unbound(self, uid: str) -> None:
+        """A pod read unbound after its Binding's outcome was unknown: back to the queue."""
+        obj = self._pending.get(uid)
+        if obj is not None:
+            self.on_pod("MODIFIED", obj)
+
+    def _verify_unconfirmed(self) -> None:
+        for entry in self.state.expire():
+            namespace, _, name = entry.key.partition("/")
+            self.binder.verify(entry.uid, entry.key, namespace, name, entry.node, None)
+
         ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
         log.info("pod %s/%s: %s", ns, name, message)
         self.recorder.unschedulable(ns, name, uid, message, condition=not says_unschedulable(obj, message))
@@ -521,7 +533,7 @@ class SchedulerService:
             await asyncio.sleep(self.config.housekeeping_s)
             try:
                 self.queue.flush()
-                self.state.expire()
+                self._verify_unconfirmed()
                 self._expire_nominations()
                 self._write_gang_status()
                 if self.leader.is_leader:

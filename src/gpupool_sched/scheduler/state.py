@@ -8,8 +8,11 @@ on a node has one ledger entry keyed by its UID:
     CONFIRMED  seen bound on the watch (our pods and everybody else's)
     NOMINATED  a hold: what an evicted victim held, kept for its preemptor (docs/preemption.md)
 
-An entry is *forgotten* (its resources released) when its bind fails, when the pod is deleted or
-ends, or when a BOUND entry is not confirmed within `confirm_ttl_s`. A UID is never assumed twice.
+An entry is *forgotten* (its resources released) only on a definite answer: its Binding was refused
+(a 4xx other than 409, or never sent), the pod was read unbound, or it was deleted or ended. A Binding
+whose outcome is unknown (a timeout, a 5xx, a lost answer, a 409) and a BOUND entry the watch has not
+confirmed within `confirm_ttl_s` stay accounted, marked `uncertain`, until a read of the pod says
+which (the binder's `verify`). A UID is never assumed twice.
 
 The entries are accounted on one `ClusterSnapshot`, the placement core's data, which this class alone
 writes. Nodes are added, replaced and removed in place (`ClusterSnapshot.upsert_node/remove_node`);
@@ -92,6 +95,7 @@ class PodEntry:
     evicting_for: str | None = None  # UID of the preemptor this pod is being evicted for
 
 
+    uncertain: bool = False  # its Binding's outcome is unknown (answer lost, or never seen bound): being read
 @dataclass(slots=True)
 class Nomination:
     """A preemptor waiting on `node` for its victims to go; `holds` keep what the gone ones freed."""
@@ -307,6 +311,7 @@ class ClusterState:
             entry.resource_version = rv
             entry.pending = pending
             _describe(entry, obj)
+            entry.uncertain = False
             if entry.evicting_for == TERMINATING:
                 self._join_adopted(entry)
             if acked:
@@ -661,12 +666,15 @@ class ClusterState:
         return True
 
     def expire(self) -> list[PodEntry]:
-        """BOUND entries whose bind the watch never showed (kube-scheduler's assumed-pod expiry)."""
+        """BOUND entries the watch has not confirmed within `confirm_ttl_s`: marked `uncertain` and
+        returned for a read of the pod (kube-scheduler forgets them; a watch gap would then free GPUs
+        in use). Old tombstones go."""
         now = self.clock()
-        stale = [e for e in self.pods.values() if e.phase is Phase.BOUND and now - e.since > self.confirm_ttl_s]
+        stale = [e for e in self.pods.values()
+                 if e.phase is Phase.BOUND and not e.uncertain and now - e.since > self.confirm_ttl_s]
         for entry in stale:
-            log.warning("pod %s: bound %.0fs ago but never seen bound; forgetting it", entry.key, now - entry.since)
-            self.forget(entry.uid)
+            log.warning("pod %s: bound %.0fs ago but never seen bound; reading it", entry.key, now - entry.since)
+            entry.uncertain = True
         cutoff = now - 600.0
         for uid in [u for u, t in self._tombstones.items() if t.at < cutoff]:
             del self._tombstones[uid]
@@ -677,6 +685,13 @@ class ClusterState:
         if entry.applied or entry.node not in self.nodes:
             return
         spec = self.nodes[entry.node].spec
+    def mark_uncertain(self, uid: str) -> PodEntry | None:
+        """The Binding of `uid` may or may not have landed: keep what it holds until a read says."""
+        entry = self.pods.get(uid)
+        if entry is not None and entry.phase is not Phase.CONFIRMED:
+            entry.uncertain = True
+        return entry
+
         if not _fits_layout(entry.placement, spec):
             log.warning("pod %s holds devices node %s no longer has; accounting it without GPUs", entry.key, spec.name)
             entry.request, entry.placement = _without_gpus(entry.request), Placement(node=entry.node)

@@ -1,0 +1,206 @@
+"""A Binding whose answer is lost: the scheduler keeps the pod's devices until a read of the pod says
+whether it landed (issue 16 A2). The service runs on a real HTTP server on 127.0.0.1 that keeps pods,
+commits Bindings and then loses the answer on command (a timeout, a 5xx, a dropped connection), the
+faults a real kube-apiserver cannot be told to make; tests/e2e/test_faults.py makes them against one."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from kubernetes import client
+
+from gpupool_sched.scheduler.binder import definitely_unbound
+from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
+from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
+from gpupool_sched.scheduler.state import Phase
+from tests.scheduler.test_state import bump, node_obj, pod_obj
+
+
+class ApiServer:
+    """Pods by namespace/name; POST .../bindings sets spec.nodeName (or refuses a bound pod with 409)
+    and then answers as `answer` says: "ok" (201), "lost" (closes the connection unanswered), a status
+    code (e.g. 504); `commit=False` refuses to bind at all but answers the same."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.bindings: list[tuple[str, str]] = []  # (pod, node) committed, in order
+        self.answer: str | int = "ok"
+        self.commit = True
+        self.reads = 0
+
+    async def route(self, request: web.Request) -> web.StreamResponse:
+        parts = request.path.strip("/").split("/")
+        if request.method == "POST" and parts[-1] == "bindings":
+            body = json.loads(await request.read())
+            key = f"{parts[3]}/{body['metadata']['name']}"
+            pod = self.pods[key]
+            if pod["spec"].get("nodeName"):
+                return web.json_response({"kind": "Status", "reason": "Conflict",
+                                          "message": f"pod {key} is already assigned to node "
+                                                     f"\"{pod['spec']['nodeName']}\""}, status=409)
+            if self.commit:
+                self.pods[key] = bump(pod, node=body["target"]["name"])
+                self.bindings.append((key, body["target"]["name"]))
+            if self.answer == "lost":
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response()  # never reaches the client
+            if isinstance(self.answer, int):
+                return web.json_response({"kind": "Status", "message": "gateway timeout"}, status=self.answer)
+            return web.json_response({}, status=201)
+        if request.method == "GET" and len(parts) == 6 and parts[4] == "pods":
+            self.reads += 1
+            pod = self.pods.get(f"{parts[3]}/{parts[5]}")
+            if pod is None:
+                return web.json_response({"kind": "Status", "reason": "NotFound"}, status=404)
+            return web.json_response(pod)
+        return web.json_response({}, status=201)  # Events, status patches
+
+
+async def run_service(test: Callable[[SchedulerService, ApiServer], Awaitable[None]]) -> None:
+    server = ApiServer()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", server.route)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    api = KubeApi(client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")))
+    service = SchedulerService(SchedulerConfig(), api)
+    service.on_node("ADDED", node_obj("n1"))  # 4 GPUs
+    try:
+        await test(service, server)
+    finally:
+        await service.binder.drain()
+        api.close()
+        await runner.cleanup()
+
+
+def add_pod(service: SchedulerService, server: ApiServer, obj: dict[str, Any]) -> str:
+    server.pods[f"ns/{obj['metadata']['name']}"] = copy.deepcopy(obj)
+    service.on_pod("ADDED", obj)
+    return str(obj["metadata"]["uid"])
+
+
+async def schedule_all(service: SchedulerService) -> None:
+    while (item := service.queue.pop()) is not None:
+        service.schedule_one(item)
+    for _ in range(50):  # the binds and their reads
+        await asyncio.sleep(0.02)
+        if not service.binder._tasks:
+            return
+
+
+def free_gpus(service: SchedulerService) -> int:
+    i = service.state.snapshot.index["n1"]
+    return int((service.state.snapshot.free_milli[i, :4] >= 1000).sum())
+
+
+def test_only_definite_answers_free_a_binding() -> None:
+    assert definitely_unbound(ApiError(404, "NotFound", "gone"))
+    assert definitely_unbound(ApiError(422, "Invalid", "bad"))
+    assert definitely_unbound(ApiError(0, "NotLeader", "lost leadership before the bind"))
+    assert not definitely_unbound(ApiError(0, "TimeoutError", ""))
+    assert not definitely_unbound(ApiError(504, "Timeout", ""))
+    assert not definitely_unbound(ApiError(500, "InternalError", ""))
+    assert not definitely_unbound(ApiError(409, "Conflict", "pod a is already assigned to node n1"))
+
+
+def _lost_answer_keeps_the_gpus(answer: str | int) -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        server.answer = answer
+        a = add_pod(service, server, pod_obj("a", gpus=4))
+        await schedule_all(service)
+        assert server.bindings == [("ns/a", "n1")]
+        # the answer was lost, the Binding landed: a still holds all 4 GPUs
+        assert a in service.state.pods and free_gpus(service) == 0
+        assert server.reads >= 1, "nobody read the pod to learn the outcome"
+        server.answer = "ok"
+        add_pod(service, server, pod_obj("b", gpus=1))
+        await schedule_all(service)
+        assert server.bindings == [("ns/a", "n1")], "b was given a GPU that a holds"
+        entry = service.state.pods[a]
+        assert entry.phase is Phase.CONFIRMED and not entry.uncertain
+
+    asyncio.run(run_service(test))
+
+
+def test_a_gateway_timeout_after_commit_keeps_the_gpus() -> None:
+    _lost_answer_keeps_the_gpus(504)
+
+
+def test_a_dropped_connection_after_commit_keeps_the_gpus() -> None:
+    _lost_answer_keeps_the_gpus("lost")
+
+
+def test_a_lost_answer_of_a_binding_that_did_not_land_is_retried() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        server.answer, server.commit = 503, False
+        a = add_pod(service, server, pod_obj("a", gpus=4))
+        await schedule_all(service)
+        assert server.bindings == [] and a not in service.state.pods  # read unbound: forgotten
+        assert free_gpus(service) == 4
+        server.answer, server.commit = "ok", True
+        service.queue.flush()
+        for _ in range(100):
+            service.queue.flush()
+            await schedule_all(service)
+            if server.bindings:
+                break
+            await asyncio.sleep(0.05)
+        assert server.bindings == [("ns/a", "n1")]
+
+    asyncio.run(run_service(test))
+
+
+def test_an_error_after_the_watch_showed_the_pod_bound_keeps_it_confirmed() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        server.answer = 504
+        obj = pod_obj("a", gpus=4)
+        a = add_pod(service, server, obj)
+        item = service.queue.pop()
+        assert item is not None
+        service.schedule_one(item)
+        # the watch shows the pod bound before the Binding's (failed) answer comes back
+        service.on_pod("MODIFIED", bump(obj, node="n1"))
+        await schedule_all(service)
+        entry = service.state.pods.get(a)
+        assert entry is not None and entry.phase is Phase.CONFIRMED and free_gpus(service) == 0
+
+    asyncio.run(run_service(test))
+
+
+def test_a_conflict_keeps_the_gpus_until_the_pod_is_read() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        obj = pod_obj("a", gpus=4)
+        a = add_pod(service, server, obj)
+        server.pods["ns/a"] = bump(obj, node="n1")  # bound already (an earlier attempt's Binding)
+        await schedule_all(service)
+        entry = service.state.pods.get(a)
+        assert entry is not None and entry.node == "n1" and free_gpus(service) == 0
+        assert entry.phase is Phase.CONFIRMED
+
+    asyncio.run(run_service(test))
+
+
+def test_a_bound_pod_never_seen_bound_is_read_not_forgotten() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        a = add_pod(service, server, pod_obj("a", gpus=4))
+        await schedule_all(service)
+        entry = service.state.pods[a]
+        assert entry.phase is Phase.BOUND
+        entry.since -= service.state.confirm_ttl_s + 1  # the watch never showed it (a gap)
+        service._verify_unconfirmed()
+        await schedule_all(service)
+        entry = service.state.pods[a]
+        assert entry.phase is Phase.CONFIRMED and free_gpus(service) == 0
+
+    asyncio.run(run_service(test))
