@@ -72,6 +72,19 @@ def check_profile(name_or_path: str) -> None:
             raise ProfileError(str(exc)) from None
 
 
+def check_kubeconfig(path: str) -> str | None:
+    """What is wrong with the kubeconfig file, before anything starts (one line naming it), or None."""
+    from kubernetes import client
+
+    from gpupool_common.kubeconfig import KubeconfigError, load_kubeconfig
+
+    try:
+        load_kubeconfig(path, client_configuration=client.Configuration())
+    except KubeconfigError as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     problem = check_inputs(args)
@@ -89,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         lines = str(exc).splitlines()
         return fail(f"invalid configuration: {lines[0]}" if len(lines) == 1
                     else "invalid configuration:\n" + "\n".join(lines))
+
+    kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG")
+    if kubeconfig and config.kubernetes.mode != "disabled":
+        problem = check_kubeconfig(kubeconfig)
+        if problem:
+            return fail(problem)
 
     from gpupool_deviceplugin.daemon import Daemon, DaemonOptions, StartupError
     from gpupool_deviceplugin.kube.client import KubeUnavailable

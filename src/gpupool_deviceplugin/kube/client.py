@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -19,16 +18,24 @@ def connect(mode: str, kubeconfig: str | None):
         return None
     from kubernetes import client, config
 
+    from gpupool_common.kubeconfig import KubeconfigError, load_kubeconfig
+
     path = kubeconfig or os.environ.get("KUBECONFIG")
     if path:
-        if not Path(path).is_file():
-            raise KubeUnavailable(f"kubeconfig {path} does not exist")
         cfg = client.Configuration()
-        config.load_kube_config(config_file=path, client_configuration=cfg)
+        try:
+            load_kubeconfig(path, client_configuration=cfg)
+        except KubeconfigError as exc:
+            raise KubeUnavailable(str(exc)) from None
         return client.ApiClient(cfg)
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        from kubernetes.config.config_exception import ConfigException
+
         cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except ConfigException as exc:
+            raise KubeUnavailable(f"cannot use the in-cluster service account: {' '.join(str(exc).split())}") from None
         return client.ApiClient(cfg)
     if mode == "required":
         raise KubeUnavailable("kubernetes.mode=required but neither in-cluster config nor a kubeconfig is available")

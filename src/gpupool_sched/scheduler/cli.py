@@ -11,7 +11,6 @@ import socket
 import sys
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from gpupool_sched.errors import OneLineParser, UserError
@@ -97,18 +96,20 @@ def _kube_client(kubeconfig: str | None, pool_size: int = 8):
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
+    from gpupool_common.kubeconfig import KubeconfigError, load_kubeconfig
+
     path = kubeconfig or os.environ.get("KUBECONFIG")
     try:
         if path:
-            if not Path(path).is_file():
-                raise UserError(f"kubeconfig {path} does not exist")
-            config.load_kube_config(config_file=path)  # also the default kopf logs in with
+            load_kubeconfig(path)  # also the default kopf logs in with
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config()
         else:
             raise UserError("no cluster: give --kubeconfig, set $KUBECONFIG, or run in a pod")
+    except KubeconfigError as exc:
+        raise UserError(str(exc)) from None
     except ConfigException as exc:
-        raise UserError(f"cannot use kubeconfig {path}: {exc}") from None
+        raise UserError(f"cannot use the in-cluster service account: {' '.join(str(exc).split())}") from None
     configuration = client.Configuration.get_default_copy()
     # kept-alive connections for the reads (writes have their own, apiwriter.py): past maxsize urllib3
     # opens and discards a new one (TLS) per call
