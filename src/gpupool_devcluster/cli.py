@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,9 +20,16 @@ from gpupool_devcluster.layout import DEFAULT_CLUSTER
 if TYPE_CHECKING:
     from gpupool_devcluster.cluster import DevCluster
 
-_console = Console(stderr=True, highlight=False, soft_wrap=True)
+_console = Console(stderr=True, highlight=False, soft_wrap=True)  # progress and logs
 Command = Callable[[argparse.Namespace], int]
-AddBar = Callable[[str, int], TaskID]
+Counter = Callable[[int, int], None]  # (done, total)
+AddBar = Callable[[str, int], Counter]
+
+# One add-nodes call creates at most this many fake nodes: the dev cluster runs on one machine, and each
+# fake node costs about 0.25 MB in kube-apiserver and etcd (2,565 nodes took 637 MB). Call it again for more.
+MAX_ADD_NODES = 5000
+MAX_CONCURRENCY = 256  # parallel create/delete requests; more only queue up in the apiserver
+COUNTER_EVERY_S = 2.0  # off a terminal: one "created 1200/5000" line at most this often
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -68,10 +76,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "add-nodes", "create fake GPU nodes from a device-plugin NVML profile and wait until they are Ready"
     )
     add_nodes.add_argument("--profile", required=True, help="fake NVML profile, e.g. dgx-h100, a100-mig")
-    add_nodes.add_argument("--count", type=int, required=True, help="how many nodes")
+    add_nodes.add_argument("--count", type=int, required=True,
+                           help=f"how many nodes, 1..{MAX_ADD_NODES} per call (each costs the cluster about "
+                           "0.25 MB; call again for more)")
     add_nodes.add_argument("--prefix", help="node name prefix (default kwok-<profile>-); indices continue")
-    add_nodes.add_argument("--no-wait", action="store_true", help="do not wait for the nodes to be Ready")
-    add_nodes.add_argument("--concurrency", type=int, default=32, help="parallel create requests (default 32)")
+    add_nodes.add_argument("--no-wait", action="store_true",
+                           help="return once the nodes are created, without waiting for kwok to make them Ready")
+    add_nodes.add_argument("--concurrency", type=int, default=32,
+                           help=f"parallel create requests, 1..{MAX_CONCURRENCY} (default 32)")
     add_nodes.set_defaults(func=_add_nodes)
 
     profiles = commands.add_parser(
@@ -81,8 +93,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     profiles.set_defaults(func=_profiles)
 
-    delete_nodes = add("delete-nodes", "delete the fake nodes whose name starts with a prefix")
-    delete_nodes.add_argument("--prefix", required=True, help="node name prefix")
+    delete_nodes = add("delete-nodes", "delete the fake nodes whose name starts with a prefix (or all of them)")
+    which = delete_nodes.add_mutually_exclusive_group(required=True)
+    which.add_argument("--prefix", help="node name prefix (not empty: --all deletes every fake node)")
+    which.add_argument("--all", action="store_true", help="delete every fake node of the cluster")
+    delete_nodes.add_argument("--concurrency", type=int, default=32,
+                              help=f"parallel delete requests, 1..{MAX_CONCURRENCY} (default 32)")
     delete_nodes.set_defaults(func=_delete_nodes)
 
 
@@ -115,12 +131,15 @@ def _up(args: argparse.Namespace) -> int:
     verb = "reusing running" if result.reused else "started"
     extra = f" (+ {', '.join(result.started)})" if result.reused and result.started else ""
     state = result.state
-    _console.print(
+    # piped (`export KUBECONFIG=$(gpupool dev-cluster up)`), stdout is the kubeconfig path alone and the
+    # report goes to stderr; on a terminal the report is stdout's, as every dev-cluster command's result
+    report = Console(highlight=False, soft_wrap=True) if sys.stdout.isatty() else _console
+    report.print(
         f"{verb} dev cluster {cluster.name!r}{extra}: Kubernetes {state.kubernetes_version} "
         f"at {state.server} in {result.seconds:.1f}s"
     )
-    _console.print(f"admin kubeconfig: {cluster.kubeconfig}")
-    _console.print(f"  export KUBECONFIG={cluster.kubeconfig}")
+    report.print(f"admin kubeconfig: {cluster.kubeconfig}")
+    report.print(f"  export KUBECONFIG={cluster.kubeconfig}")
     print(cluster.kubeconfig)
     return 0
 
@@ -129,10 +148,8 @@ def _up(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     stopped = cluster.down(log=lambda line: _console.print(f"  {line}"), purge=args.purge)
-    _console.print(
-        f"dev cluster {cluster.name!r}: "
-        + (f"stopped {len(stopped)} process(es)" if stopped else "nothing was running")
-    )
+    print(f"dev cluster {cluster.name!r}: " + (f"stopped {len(stopped)} process(es)" if stopped
+                                              else "nothing was running"))
     return 0
 
 
@@ -197,59 +214,65 @@ def _kubeconfig(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_concurrency(value: int) -> None:
+    if not 1 <= value <= MAX_CONCURRENCY:
+        raise DevClusterError(f"--concurrency must be in 1..{MAX_CONCURRENCY}, not {value}")
+
+
 @_user_errors
 def _add_nodes(args: argparse.Namespace) -> int:
     if args.count <= 0:
         raise DevClusterError(f"--count must be at least 1, not {args.count}")
-    if args.concurrency <= 0:
-        raise DevClusterError(f"--concurrency must be at least 1, not {args.concurrency}")
+    if args.count > MAX_ADD_NODES:
+        raise DevClusterError(f"--count must be at most {MAX_ADD_NODES} per call (each fake node costs the cluster "
+                              f"about 0.25 MB), not {args.count}; call add-nodes again for more")
+    _check_concurrency(args.concurrency)
     from gpupool_devcluster.client import ClusterClient
 
     handle = ClusterClient.connect(_cluster(args), pool_size=args.concurrency)
     began = time.monotonic()
     try:
-        with _progress() as (progress, bar):
-            created_task = bar("created", args.count)
-            ready_task = bar("Ready", args.count)
-
-            def show_created(done: int, _total: int) -> None:
-                progress.update(created_task, completed=done)
-
-            def show_ready(done: int, _total: int) -> None:
-                progress.update(ready_task, completed=done)
-
+        with _progress() as bar:
             names = handle.add_nodes(
                 args.profile,
                 args.count,
                 args.prefix,
                 wait=not args.no_wait,
                 concurrency=args.concurrency,
-                created=show_created,
-                ready=show_ready,
+                created=bar("created", args.count),
+                ready=None if args.no_wait else bar("Ready", args.count),
             )
     finally:
         handle.close()
     seconds = time.monotonic() - began
-    state = "created" if args.no_wait else "Ready"
-    _console.print(
-        f"{len(names)} {args.profile} nodes {state} in {seconds:.1f}s "
-        f"({len(names) / seconds:.0f} nodes/s): {names[0]} .. {names[-1]}"
-    )
+    rate = f"{len(names) / seconds:.0f} nodes/s" if seconds > 0 else "at once"
+    if args.no_wait:
+        print(f"{len(names)} {args.profile} nodes created in {seconds:.1f}s ({rate}): {names[0]} .. {names[-1]}; "
+              "not waiting for them to be Ready (--no-wait): kwok marks them Ready within seconds, "
+              f"`gpupool dev-cluster status --name {args.name}` counts them")
+    else:
+        print(f"{len(names)} {args.profile} nodes Ready in {seconds:.1f}s ({rate}): {names[0]} .. {names[-1]}")
     return 0
 
 
 @_user_errors
 def _delete_nodes(args: argparse.Namespace) -> int:
+    if not args.all and not args.prefix:
+        raise DevClusterError("--prefix '' would delete every fake node: give a prefix, or --all to mean that")
+    _check_concurrency(args.concurrency)
     from gpupool_devcluster.client import ClusterClient
     from gpupool_devcluster.fake_nodes import FAKE_LABEL, delete_nodes, list_node_names
 
-    handle = ClusterClient.connect(_cluster(args))
+    prefix = "" if args.all else args.prefix
+    handle = ClusterClient.connect(_cluster(args), pool_size=args.concurrency)
     try:
-        names = [n for n in list_node_names(handle.core, f"{FAKE_LABEL}=true") if n.startswith(args.prefix)]
-        delete_nodes(handle.core, names)
+        names = [n for n in list_node_names(handle.core, f"{FAKE_LABEL}=true") if n.startswith(prefix)]
+        with _progress() as bar:
+            delete_nodes(handle.core, names, concurrency=args.concurrency, progress=bar("deleted", len(names)))
     finally:
         handle.close()
-    _console.print(f"deleted {len(names)} fake node(s) named {args.prefix}*")
+    which = "fake node(s)" if args.all else f"fake node(s) named {prefix}*"
+    print(f"deleted {len(names)} {which}" if names else f"no {which.replace('(s)', '')} to delete")
     return 0
 
 
@@ -277,22 +300,37 @@ def _profiles(args: argparse.Namespace) -> int:
 
 
 @contextmanager
-def _progress() -> Iterator[tuple[Progress, AddBar]]:
-    """Progress bars on a terminal; nothing (only the summary line) in logs."""
+def _progress() -> Iterator[AddBar]:
+    """Progress on stderr: bars on a terminal; off one (logs, CI), a counter line ("created 1200/5000")
+    at most every COUNTER_EVERY_S seconds and one when a count is done."""
+    if not _console.is_terminal:
+        def counter(description: str, total: int) -> Counter:
+            last = [0.0]
+
+            def show(done: int, _total: int) -> None:
+                now = time.monotonic()
+                if done == total or now - last[0] >= COUNTER_EVERY_S:
+                    last[0] = now
+                    _console.print(f"  {description} {done}/{total}")
+
+            return show
+
+        yield counter
+        return
     progress = Progress(
         TextColumn("{task.description:>8}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=_console,
-        disable=not _console.is_terminal,
     )
 
-    def bar(description: str, total: int) -> TaskID:
-        return progress.add_task(description, total=total)
+    def bar(description: str, total: int) -> Counter:
+        task: TaskID = progress.add_task(description, total=total)
+        return lambda done, _total: progress.update(task, completed=done)
 
     with progress:
-        yield progress, bar
+        yield bar
 
 
 def _duration(seconds: float) -> str:

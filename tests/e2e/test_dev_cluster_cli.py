@@ -61,13 +61,37 @@ def test_add_nodes_then_status_report_the_nodes(kube: ClusterClient) -> None:
     result = _gpupool("dev-cluster", "add-nodes", "--name", kube.cluster.name, "--profile", "nvlink-pairs",
                       "--count", "3", "--prefix", prefix)
     assert result.returncode == 0, result.stderr
-    assert "3 nvlink-pairs nodes Ready" in result.stderr and f"{prefix}0000 .. {prefix}0002" in result.stderr
+    # the result on stdout, the progress (a counter line off a terminal) on stderr (issue 22, items 3-4)
+    assert "3 nvlink-pairs nodes Ready" in result.stdout and f"{prefix}0000 .. {prefix}0002" in result.stdout
+    assert "created 3/3" in result.stderr and "Ready 3/3" in result.stderr
     again = _gpupool("dev-cluster", "add-nodes", "--name", kube.cluster.name, "--profile", "nvlink-pairs",
                      "--count", "1", "--prefix", prefix)
-    assert f"{prefix}0003" in again.stderr  # indices continue after the highest one in use
+    assert f"{prefix}0003" in again.stdout  # indices continue after the highest one in use
     kube.created_nodes.extend(f"{prefix}{i:04d}" for i in range(4))  # cleaned up with the session
 
     status = json.loads(_gpupool("dev-cluster", "status", "--name", kube.cluster.name, "--json").stdout)
     assert status["running"] and status["server"] == kube.server
     assert status["nodes"] >= 4
     assert {p["name"] for p in status["processes"] if p["alive"]} >= {"etcd", "kube-apiserver", "kwok"}
+
+
+def test_no_wait_says_what_it_did_and_delete_nodes_reports_on_stdout(kube: ClusterClient) -> None:
+    """`add-nodes --no-wait` used to return silently; `delete-nodes --prefix ''` deleted every fake node
+    without a word (issue 22, item 3)."""
+    prefix = f"nowait-{uuid.uuid4().hex[:6]}-"
+    kube.created_nodes.extend(f"{prefix}{i:04d}" for i in range(2))
+    result = _gpupool("dev-cluster", "add-nodes", "--name", kube.cluster.name, "--profile", "dgx-h100",
+                      "--count", "2", "--prefix", prefix, "--no-wait")
+    assert result.returncode == 0, result.stderr
+    assert "2 dgx-h100 nodes created" in result.stdout
+    assert "not waiting for them to be Ready (--no-wait)" in result.stdout
+    assert "created 2/2" in result.stderr and "Ready" not in result.stderr
+    before = len(kube.core.list_node().items)
+    _one_line_error(_gpupool("dev-cluster", "delete-nodes", "--name", kube.cluster.name, "--prefix", ""),
+                    "--prefix '' would delete every fake node", "--all")
+    assert len(kube.core.list_node().items) == before
+    deleted = _gpupool("dev-cluster", "delete-nodes", "--name", kube.cluster.name, "--prefix", prefix)
+    assert deleted.returncode == 0, deleted.stderr
+    assert f"deleted 2 fake node(s) named {prefix}*" in deleted.stdout
+    again = _gpupool("dev-cluster", "delete-nodes", "--name", kube.cluster.name, "--prefix", prefix)
+    assert f"no fake node named {prefix}* to delete" in again.stdout
