@@ -15,7 +15,9 @@ from typing import Any
 
 import yaml
 
-__all__ = ["KubeconfigError", "decode_utf8", "load_kubeconfig", "read_kubeconfig"]
+from gpupool_common.clihelp import decode_utf8
+
+__all__ = ["KubeconfigError", "load_kubeconfig", "read_kubeconfig"]
 
 # top-level keys that hold lists of named entries, and the key of each entry's body
 SECTIONS = {"clusters": "cluster", "contexts": "context", "users": "user"}
@@ -24,17 +26,6 @@ MAX_BYTES = 16 * 1024 * 1024  # kubeconfigs are kilobytes; a huge file is a wron
 
 class KubeconfigError(ValueError):
     """A kubeconfig that cannot be used; the message is one line naming the file."""
-
-
-def decode_utf8(raw: bytes) -> tuple[str | None, str]:
-    """(text, "") or (None, where the first byte that is not UTF-8 is: "line N, column M: byte 0xff")."""
-    try:
-        return raw.decode("utf-8"), ""
-    except UnicodeDecodeError as exc:
-        before = raw[: exc.start]
-        line = before.count(b"\n") + 1
-        column = exc.start - (before.rfind(b"\n") + 1) + 1
-        return None, f"line {line}, column {column}: byte 0x{raw[exc.start]:02x}"
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -11,30 +11,43 @@ import socket
 import sys
 from pathlib import Path
 
+from gpupool_common.clihelp import LOG_LEVELS, DefaultsHelpFormatter, OneLineParser
 from gpupool_deviceplugin.config import ConfigError, load_config, read_yaml
-from gpupool_deviceplugin.nvml.profile import ProfileError
+from gpupool_deviceplugin.nvml.profile import ProfileError, profile_names
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("gpupool")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpupool-deviceplugin",
+    p = OneLineParser(prog="gpupool-deviceplugin", formatter_class=DefaultsHelpFormatter,
                                 description="gpupool kubelet device plugin: whole GPUs, MIG devices, GPU-memory units")
+    p.add_argument("--version", action="version", version=f"gpupool-deviceplugin {version()}")
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname(),
                    help="this node's name (default: $NODE_NAME, else the host name)")
     p.add_argument("--kubelet-dir", type=Path, default=Path(DEFAULT_KUBELET_DIR),
-                   help=f"the kubelet's device-plugin directory (default {DEFAULT_KUBELET_DIR})")
+                   help="the kubelet's device-plugin directory")
     p.add_argument("--config", type=Path, help="plugin config YAML (see docs/deviceplugin.md)")
     p.add_argument("--kubeconfig", help="kubeconfig for running outside the cluster (default: $KUBECONFIG, "
                    "else in-cluster config)")
     p.add_argument("--fake-nvml", metavar="PROFILE",
-                   help="use the fake NVML backend with a shipped profile name or a profile YAML path")
+                   help="use the fake NVML backend with a shipped profile (" + ", ".join(profile_names())
+                   + ") or a profile YAML path")
     p.add_argument("--fake-nvml-events", metavar="FILE", default=os.environ.get("GPUPOOL_FAKE_NVML_EVENTS"),
                    help="JSON-lines file the fake NVML backend reads injected health events from")
-    p.add_argument("--metrics-port", type=int, help="override metrics.port from the config (0: any free port)")
-    p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"),
-                   help=f"one of {', '.join(LOG_LEVELS)} (default: $LOG_LEVEL, else INFO)")
+    p.add_argument("--metrics-port", type=int,
+                   help="port of /metrics and /healthz, instead of the config's metrics.port (default 9402); "
+                   "0: off (listens on the config's metrics.bindAddress, default 127.0.0.1)")
+    p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "info"),
+                   help=f"one of {', '.join(LOG_LEVELS)}, any case (default: $LOG_LEVEL, else info)")
     return p
 
 
@@ -46,10 +59,11 @@ def fail(message: str) -> int:
 
 def check_inputs(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line's own values (not the files they name), or None."""
-    if args.log_level.upper() not in LOG_LEVELS:
-        return f"unknown log level {args.log_level!r} (--log-level or $LOG_LEVEL): use one of {', '.join(LOG_LEVELS)}"
+    if args.log_level.strip().lower() not in LOG_LEVELS:
+        return (f"unknown log level {args.log_level!r} (--log-level or $LOG_LEVEL): use one of "
+                f"{', '.join(LOG_LEVELS)} (any case)")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
-        return f"--metrics-port must be 0..65535 (0: any free port), got {args.metrics_port}"
+        return f"--metrics-port must be 0..65535 (0: off), got {args.metrics_port}"
     if not args.kubelet_dir.is_dir():
         what = "is not a directory" if args.kubelet_dir.exists() else "does not exist"
         return (f"kubelet directory {args.kubelet_dir} {what}: give the kubelet's device-plugin directory "
@@ -87,10 +101,11 @@ def check_kubeconfig(path: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.kubelet_dir = args.kubelet_dir.absolute()  # gRPC's unix:// target takes no relative path
     problem = check_inputs(args)
     if problem:
         return fail(problem)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+    logging.basicConfig(level=args.log_level.strip().upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("gpupool_deviceplugin")
     try:

@@ -10,6 +10,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
+from gpupool_common.clihelp import decode_utf8
+
 # Xids caused by the application, not the GPU (NVIDIA's device plugin ignores the same set).
 APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
 
@@ -66,8 +68,9 @@ class HealthConfig(_Section):
 
 
 class MetricsConfig(_Section):
-    port: int = Field(default=9402, ge=0, le=65535)  # 0: pick a free port (tests)
-    bind_address: str = "0.0.0.0"
+    port: int = Field(default=9402, ge=0, le=65535)  # 0: off, as --metrics-port 0 of every gpupool command
+    # 127.0.0.1 like every gpupool listener by default; the Helm chart's config sets 0.0.0.0 (probes, Prometheus)
+    bind_address: str = "127.0.0.1"
 
 
 class KubernetesConfig(_Section):
@@ -99,13 +102,13 @@ def read_yaml(path: Path, what: str) -> object:
     if path.is_dir():
         raise ConfigError(f"{what} {path} is a directory, not a YAML file")
     try:
-        text = path.read_bytes().decode("utf-8")
+        text, where = decode_utf8(path.read_bytes())
     except FileNotFoundError:
         raise ConfigError(f"{what} {path} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {exc.start}): a binary file?") from None
+    if text is None:
+        raise ConfigError(f"{what} {path} is not UTF-8 text at {where} (a binary file?)")
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

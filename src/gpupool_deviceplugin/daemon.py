@@ -130,16 +130,20 @@ class Daemon:
         self._dir_lock = KubeletDirLock.acquire(self.opts.kubelet_dir, self.opts.node_name)
         m = self.config.metrics
         try:
-            self.status_server = StatusServer(self.metrics, self.healthz, m.bind_address, m.port)
+            if m.port:  # 0: off, as --metrics-port 0 of every gpupool command
+                self.status_server = StatusServer(self.metrics, self.healthz, m.bind_address, m.port)
         except (OSError, OverflowError) as exc:
             self._dir_lock.release()
             self._dir_lock = None
             why = getattr(exc, "strerror", None) or exc
             raise StartupError(f"cannot serve metrics on {m.bind_address}:{m.port}: {why} (set metrics.port "
-                               "in the config or --metrics-port; 0 picks a free port)") from None
+                               "in the config or --metrics-port; 0 turns them off)") from None
         try:
-            self.status_server.start()
-            log.info("metrics and healthz on http://%s:%d", m.bind_address, self.status_server.port)
+            if self.status_server is not None:
+                self.status_server.start()
+                log.info("metrics and healthz on http://%s:%d", m.bind_address, self.status_server.port)
+            else:
+                log.info("metrics and healthz off (metrics port 0)")
             inventory, resources = self._start_nvml()
             if inventory is None:
                 return 0  # stopped while waiting for NVML

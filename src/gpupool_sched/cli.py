@@ -9,6 +9,7 @@ from importlib import metadata
 from importlib.util import find_spec
 
 import gpupool_sched
+from gpupool_common.clihelp import DefaultsHelpFormatter
 from gpupool_sched.errors import OneLineParser, UserError
 
 __all__ = ["UserError", "build_parser", "main", "version"]
@@ -55,7 +56,28 @@ def build_parser() -> argparse.ArgumentParser:
                 module.register(sub)
                 continue
         _register_unavailable(sub, name, missing, extra)
+    finish_parsers(parser)
     return parser
+
+
+def finish_parsers(parser: argparse.ArgumentParser) -> None:
+    """Every sub-command's help shows its defaults, and each (sub-)sub-command remembers its parser, so
+    that an unknown flag is reported by the command it was given to (`gpupool simulate: error: ...`),
+    not by `gpupool`."""
+    parser.formatter_class = DefaultsHelpFormatter
+    parser.set_defaults(_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                finish_parsers(child)
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, with unrecognized arguments reported by the innermost sub-command's parser."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _missing_module(extra: str | None) -> str | None:
@@ -84,7 +106,7 @@ def _register_unavailable(sub: argparse._SubParsersAction, module: str, missing:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +29,13 @@ def plugin_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "gpupool_deviceplugin.cli"]
 
 
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (the plugin's metrics.port 0 turns its metrics off)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class PluginProcess:
     def __init__(self, workdir: Path, kubelet_dir: Path, profile: str | None, *, node: str = "node-a",
                  config: dict[str, Any] | None = None, kubeconfig: Path | None = None,
@@ -37,7 +45,7 @@ class PluginProcess:
         self.events = workdir / "nvml-events.jsonl"
         self.log_path = workdir / f"plugin-{node}.log"
         self.config_path = workdir / f"plugin-{node}.yaml"
-        cfg = {"metrics": {"port": 0, "bindAddress": "127.0.0.1"}, **(config or {})}
+        cfg = {"metrics": {"port": free_port(), "bindAddress": "127.0.0.1"}, **(config or {})}
         if kubeconfig is None:
             cfg.setdefault("kubernetes", {"mode": "disabled"})
         self.config_path.write_text(yaml.safe_dump(cfg))

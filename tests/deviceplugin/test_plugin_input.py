@@ -201,8 +201,8 @@ BINARY = bytes(range(256)) * 4
 @pytest.mark.parametrize(("case", "message"), [
     ("log-level", "unknown log level 'LOUD'"),
     ("env-log-level", "unknown log level 'verbose'"),
-    ("port-high", "--metrics-port must be 0..65535 (0: any free port), got 70000"),
-    ("port-negative", "--metrics-port must be 0..65535 (0: any free port), got -1"),
+    ("port-high", "--metrics-port must be 0..65535 (0: off), got 70000"),
+    ("port-negative", "--metrics-port must be 0..65535 (0: off), got -1"),
     ("port-in-use", "cannot serve metrics on 127.0.0.1:{port}: Address already in use"),
     ("config-dir", "invalid configuration: config file {tmp} is a directory, not a YAML file"),
     ("config-binary", "invalid configuration: config file {tmp}/blob.bin is not UTF-8 text"),
@@ -268,7 +268,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, kubelet_dir: Path, bus
 def test_the_readme_command_runs_without_kubelet_or_api_server(tmp_path: Path, kubelet_dir: Path) -> None:
     """`gpupool-deviceplugin --node-name n1 --fake-nvml dgx-h100 --kubelet-dir /tmp/kubelet` on a fresh
     machine: a missing directory is one line saying what to do; with it, the plugin runs and waits for a
-    kubelet, without an API server. (--metrics-port 0 only because 9402 may be taken on a test machine.)"""
+    kubelet, without an API server. (--metrics-port 0, off, only because 9402 may be taken on a test machine.)"""
     fresh = kubelet_dir / "kubelet"
     command = ["--node-name", "n1", "--fake-nvml", "dgx-h100", "--kubelet-dir", str(fresh), "--metrics-port", "0"]
     missing = run_plugin(*command)

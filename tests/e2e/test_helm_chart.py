@@ -144,7 +144,7 @@ def start_chart_plugin(kube: ClusterClient, namespace: str, daemonset: dict[str,
     (config_volume,) = [v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
     config_map = kube.core.read_namespaced_config_map(config_volume["configMap"]["name"], namespace)
     config = yaml.safe_load(config_map.data["config.yaml"])
-    config["metrics"] = {"port": 0, "bindAddress": "127.0.0.1"}  # local: any free port on loopback
+    config["metrics"] = {"port": free_port(), "bindAddress": "127.0.0.1"}  # local: a free port on loopback
     config_file = workdir / f"{node}.yaml"
     config_file.write_text(yaml.safe_dump(config))
     local = {"--config": str(config_file), "--kubelet-dir": str(kubelet_dir)}

@@ -119,6 +119,20 @@ def test_every_flag_the_chart_passes_is_accepted_by_the_cli(deployment: str) -> 
     assert args.policy == "gpupool" and args.memory_unit_mib == 1024
     if args.command == "scheduler":
         assert (args.bind_workers, args.event_workers) == (64, 6)
+    # the command line listens on 127.0.0.1 by default; a pod must be reached (probes, Prometheus, its
+    # Service): the chart sets 0.0.0.0 (issue 22, item 4; the extender's pods listened on loopback only)
+    assert (args.metrics_address if args.command == "scheduler" else args.address) == "0.0.0.0"
+    assert build_parser().parse_args([args.command, "--port", "1"] if args.command == "extender"
+                                     else [args.command]).__dict__.get(
+        "metrics_address" if args.command == "scheduler" else "address") == "127.0.0.1"
+
+
+def test_the_plugin_config_listens_on_all_addresses_and_its_default_on_loopback() -> None:
+    from gpupool_deviceplugin.config import parse_config
+
+    config = yaml.safe_load(by_kind(render(), "ConfigMap")["rel-gpupool-deviceplugin"]["data"]["config.yaml"])
+    assert parse_config(config).metrics.bind_address == "0.0.0.0" and config["metrics"]["port"] == 9402
+    assert parse_config({}).metrics.bind_address == "127.0.0.1"
 
 
 def test_monitoring_objects_carry_the_chart_files() -> None:

@@ -7,9 +7,10 @@ import asyncio
 import logging
 import signal
 
+from gpupool_common.clihelp import LOG_LEVELS, log_level
 from gpupool_sched.errors import UserError
 from gpupool_sched.scheduler import gcpolicy
-from gpupool_sched.scheduler.cli import LOG_LEVELS, _kube_client, _port, _positive, _root_cause
+from gpupool_sched.scheduler.cli import LISTEN_ADDRESS, _kube_client, _port, _positive, _root_cause
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,20 +24,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         "hands out (docs/extender.md).",
     )
     p.add_argument("--port", type=_port, required=True, help="port of the extender verbs (and /metrics, /healthz)")
-    p.add_argument("--address", default="127.0.0.1", help="address it listens on")
+    p.add_argument("--address", default=LISTEN_ADDRESS,
+                   help="address --port and --metrics-port listen on (0.0.0.0 in a pod, as the Helm chart sets)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account)")
     p.add_argument("--scheduler-name", default="default-scheduler",
                    help="kube-scheduler's profile whose pods come to the extender (their pending pods are cached)")
     p.add_argument("--policy", default="gpupool", choices=sorted(POLICIES), help="placement policy")
     p.add_argument("--metrics-port", type=_port, default=0,
-                   help="also serve /metrics, /healthz, /readyz on this port (0: only on --port)")
+                   help="a port of its own for /metrics, /healthz and /readyz; 0: off (--port serves them anyway)")
     p.add_argument("--memory-unit-mib", type=_positive(int), default=1024,
                    help="MiB per nvidia.com/gpu-memory unit; must match the device plugin's")
     p.add_argument("--gate-timeout", type=_positive(float), default=30.0, metavar="SECONDS",
                    help="how long a bind waits for the device plugin's ack of a same-shape pod on its node")
     p.add_argument("--bind-timeout", type=_positive(float), default=25.0, metavar="SECONDS",
                    help="answer bind with an error after this long (keep it under the extender's httpTimeout)")
-    p.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    p.add_argument("--log-level", default="info", type=log_level, choices=LOG_LEVELS, help="any case")
     p.set_defaults(func=run)
 
 

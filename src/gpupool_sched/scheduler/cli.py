@@ -13,10 +13,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from gpupool_common.clihelp import LOG_LEVELS, DefaultsHelpFormatter, log_level
 from gpupool_sched.errors import OneLineParser, UserError
 from gpupool_sched.scheduler import gcpolicy
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+# Every listener of gpupool defaults to 127.0.0.1 on the command line (a local run exposes nothing); the Helm
+# chart passes 0.0.0.0 where a pod must be reached (probes, Prometheus, kube-scheduler). docs/observability.md
+LISTEN_ADDRESS = "127.0.0.1"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,14 +73,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account)")
     p.add_argument("--scheduler-name", default="gpupool", help="pods with this spec.schedulerName are ours")
     p.add_argument("--policy", default="gpupool", choices=sorted(POLICIES), help="placement policy")
-    p.add_argument("--metrics-port", type=_port, default=10251, help="/metrics, /healthz, /readyz (0: off)")
-    p.add_argument("--metrics-address", default="0.0.0.0", help="address the metrics port listens on")
+    p.add_argument("--metrics-port", type=_port, default=10251,
+                   help="port of /metrics, /healthz and /readyz; 0: off")
+    p.add_argument("--metrics-address", default=LISTEN_ADDRESS,
+                   help="address the metrics port listens on (0.0.0.0 in a pod, as the Helm chart sets)")
     p.add_argument("--leader-elect", action="store_true", help="run as one of several replicas; only the leader binds")
     p.add_argument("--lease-namespace", default="kube-system", help="namespace of the leader-election Lease")
     p.add_argument("--lease-name", default=None, help="Lease name (default: <scheduler-name>-scheduler)")
-    p.add_argument("--lease-duration", type=_positive(float), default=15.0, metavar="SECONDS")
-    p.add_argument("--renew-deadline", type=_positive(float), default=10.0, metavar="SECONDS")
-    p.add_argument("--retry-period", type=_positive(float), default=2.0, metavar="SECONDS")
+    p.add_argument("--lease-duration", type=_positive(float), default=15.0, metavar="SECONDS",
+                   help="with --leader-elect: how long a Lease not renewed keeps other replicas from taking it")
+    p.add_argument("--renew-deadline", type=_positive(float), default=10.0, metavar="SECONDS",
+                   help="with --leader-elect: the leader stops binding when it could not renew for this long "
+                        "(less than --lease-duration)")
+    p.add_argument("--retry-period", type=_positive(float), default=2.0, metavar="SECONDS",
+                   help="with --leader-elect: how often replicas try to take or renew the Lease "
+                        "(less than --renew-deadline)")
     p.add_argument("--identity", default=None, help="this replica's name in the Lease (default: hostname_random)")
     p.add_argument("--memory-unit-mib", type=_positive(int), default=1024,
                    help="MiB per nvidia.com/gpu-memory unit; must match the device plugin's")
@@ -89,7 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Bindings (and other writes of the cycle) in flight at once")
     p.add_argument("--event-workers", type=_positive(int), default=16,
                    help="Events and PodScheduled conditions in flight at once, with a limit of their own")
-    p.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    p.add_argument("--log-level", default="info", type=log_level, choices=LOG_LEVELS, help="any case")
 
 
 def _kube_client(kubeconfig: str | None, pool_size: int = 8):
@@ -199,7 +209,7 @@ def _root_cause(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m gpupool_sched")
+    parser = OneLineParser(prog="python -m gpupool_sched", formatter_class=DefaultsHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -65,7 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="accept this GPU model on nodes besides the known ones (repeatable); known: "
         + ", ".join(sorted(KNOWN_GPU_MODELS)),
     )
-    p.add_argument("--ratio", type=float, default=1.3, help="arrivals up to this multiple of GPU capacity")
+    p.add_argument("--ratio", type=float, default=1.3,
+                   help="arrivals up to this multiple of GPU capacity, in (0, 10]")
     p.add_argument(
         "--sample-percentage",
         type=int,

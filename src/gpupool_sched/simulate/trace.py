@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from gpupool_common.clihelp import decode_utf8
 from gpupool_sched.model.cluster import GpuSpec, NodeSpec
 from gpupool_sched.model.request import MILLI, InvalidRequest, PodRequest
 
@@ -113,10 +114,10 @@ def read_text(path: Path, what: str = "") -> str:
                     f"{path}: is {name}-compressed but not named {suffix}; rename it to {path.name}{suffix} "
                     "or decompress it"
                 )
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not UTF-8 text (byte {exc.start}); expected a CSV file") from None
+    text, where = decode_utf8(raw)
+    if text is None:
+        raise TraceError(f"{path}: not UTF-8 text at {where}; expected a CSV file")
+    return text.removeprefix("\ufeff")  # as utf-8-sig: one byte-order mark
 
 
 def _rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:

@@ -96,13 +96,14 @@ def read_cluster(kubeconfig: str | None, selector: str | None) -> tuple[Any, str
 
 def kubectl_main(argv: list[str] | None = None) -> int:
     """`kubectl gpupool status ...`: kubectl runs `kubectl-gpupool status ...`."""
-    from gpupool_sched.cli import version
+    from gpupool_sched.cli import finish_parsers, parse, version
 
     parser = OneLineParser(prog="kubectl gpupool", description="gpupool, as a kubectl plugin")
     parser.add_argument("--version", action="version", version=f"gpupool {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register(sub)
-    args = parser.parse_args(argv)
+    finish_parsers(parser)
+    args = parse(parser, argv)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
