@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import shutil
 import tempfile
 import time
@@ -300,6 +301,58 @@ class DevCluster:
             was_alive = process.alive()
             process.stop()
             return was_alive
+
+    # ---------------------------------------------------------------- faults (for tests)
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (physically), as a long-running cluster's
+        periodic compaction would: a watch resumed from an older resourceVersion can no longer be replayed
+        from etcd. Returns the revision compacted to. Uses etcd's v3 JSON gateway."""
+        state = self.require_running()
+        header = components.etcd_call(state.etcd_url, "/v3/kv/range", {"key": "AA==", "limit": 1})["header"]
+        revision = int(header["revision"])
+        components.etcd_call(state.etcd_url, "/v3/kv/compaction", {"revision": revision, "physical": True})
+        return revision
+
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver (SIGTERM, then SIGKILL); etcd, kwok and the rest keep running. Its command
+        line stays in config/kube-apiserver.argv for `start_apiserver`."""
+        with self._locked():
+            process = self.processes().get("kube-apiserver")
+            if process is None:
+                raise DevClusterError(f"dev cluster {self.name!r} has no kube-apiserver to stop")
+            argv = json.loads(process.pid_file.read_text())["argv"]
+            saved = self.layout.config_file("kube-apiserver", ".argv")
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            saved.write_text(json.dumps(argv))
+            process.stop()
+
+    def start_apiserver(self) -> float:
+        """Start kube-apiserver again with the command line it had (same port, certificates and etcd) and
+        wait until it is ready; returns the seconds that took. Its watch cache starts empty at etcd's
+        current revision: a watch resumed from an older resourceVersion gets 410 Gone."""
+        began = time.monotonic()
+        state = self.state()
+        if state is None:
+            raise DevClusterError(f"dev cluster {self.name!r} is not up")
+        with self._locked():
+            if "kube-apiserver" in self.processes():
+                raise DevClusterError("kube-apiserver is already running")
+            argv = json.loads(self.layout.config_file("kube-apiserver", ".argv").read_text())
+            apiserver = self._spawn("kube-apiserver", argv)
+            components.wait_ready(
+                apiserver, f"{state.server}/readyz", timeout_s=START_TIMEOUT_S,
+                ca_file=self.layout.pki.ca_cert, token=self._token("admin"),
+            )
+        return time.monotonic() - began
+
+    def restart_apiserver(self, down_s: float = 0.0) -> float:
+        """`stop_apiserver`, `down_s` seconds of outage, `start_apiserver`; returns the seconds it was down."""
+        began = time.monotonic()
+        self.stop_apiserver()
+        time.sleep(down_s)
+        self.start_apiserver()
+        return time.monotonic() - began
 
     # ---------------------------------------------------------------- down
 

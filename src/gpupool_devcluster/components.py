@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -276,6 +277,18 @@ def wait_ready(
     raise DevClusterError(
         f"{process.name} not ready after {timeout_s:.0f}s at {url} ({last_error}); see {process.log_file}"
     )
+
+
+def etcd_call(etcd_url: str, path: str, body: dict[str, object], timeout_s: float = 10.0) -> dict[str, Any]:
+    """POST `body` to etcd's v3 JSON gateway (e.g. /v3/kv/range, /v3/kv/compaction); its JSON answer."""
+    request = urllib.request.Request(
+        f"{etcd_url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            return dict(json.loads(answer.read()))
+    except urllib.error.HTTPError as exc:
+        raise DevClusterError(f"etcd {path}: {exc.code} {exc.read().decode(errors='replace')[:300]}") from None
 
 
 def apiserver_version(server: str, ca_file: Path) -> str:
