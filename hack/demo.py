@@ -124,6 +124,15 @@ def foreign_priority_classes(kube: ClusterClient) -> list[str]:
     return found
 
 
+def gpupool_command() -> str:
+    """The `gpupool` of this environment as a user can type it: `.venv/bin/gpupool` from the repository
+    (what `make venv` makes), else its full path; plain `gpupool` only works in an activated venv."""
+    exe = Path(sys.executable).parent / "gpupool"
+    with contextlib.suppress(ValueError):
+        return str(exe.relative_to(Path.cwd()))
+    return str(exe)
+
+
 def status(kube: ClusterClient, title: str) -> None:
     from scheduler_harness import POOL_LABEL
 
@@ -188,6 +197,19 @@ def settled(kube: ClusterClient) -> tuple[dict[str, int], bool]:
     return counts, counts["bound"] == counts["waiting"] == 0
 
 
+def unschedulable_by_tier(kube: ClusterClient) -> dict[str, int]:
+    """The demo's pods marked unschedulable, by priority class."""
+    pods = read_json(kube.core.list_namespaced_pod(
+        NAMESPACE, label_selector="app.kubernetes.io/part-of=gpupool-demo", _preload_content=False))["items"]
+    tiers: dict[str, int] = defaultdict(int)
+    for obj in pods:
+        if not obj["spec"].get("nodeName") and any(
+                c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                for c in obj["status"].get("conditions") or ()):
+            tiers[obj["spec"].get("priorityClassName") or "(none)"] += 1
+    return dict(tiers)
+
+
 def up(args: argparse.Namespace) -> int:
     from scheduler_harness import POOL_LABEL
     from test_helm_chart import CHART, bare_gpu_node
@@ -202,6 +224,8 @@ def up(args: argparse.Namespace) -> int:
     kube = ClusterClient.connect(cluster)
     state: dict[str, Any] = {"cluster": args.cluster, "started_cluster": started_cluster, "pids": []}
     write_state(args.cluster, state)
+    say(f"logs: {state_dir(args.cluster)} (agent.log: the node agent; the scheduler's and each device "
+        "plugin's log beside it)")
 
     say(f"namespace {NAMESPACE}; helm install {RELEASE} {CHART.relative_to(ROOT)} (pinned helm)")
     with contextlib.suppress(ApiException):  # 409: it exists already
@@ -272,6 +296,11 @@ def up(args: argparse.Namespace) -> int:
         time.sleep(0.5)
 
     status(kube, "after")
+    waiting = unschedulable_by_tier(kube)
+    if waiting:
+        say("  " + ", ".join(f"{n} {tier}" for tier, n in waiting.items()) + " pod(s) stay Pending, as expected: "
+            "the workload asks for more GPUs than the demo's nodes have, so the lowest-priority pods wait "
+            "(listed above by priority) until GPUs free up")
     # the cluster gauges are refreshed every 5 s: wait for a scrape that counts the placed GPUs
     samples = scrape(agent_info["scheduler_port"])
     deadline = time.monotonic() + 20
@@ -283,8 +312,9 @@ def up(args: argparse.Namespace) -> int:
         samples = scrape(agent_info["scheduler_port"])
     print_figures(samples, agent_info["plugin_ports"])
     say(f"the demo keeps running (scheduler, device plugins, kubelet stand-ins): "
-        f"KUBECONFIG={kube.kubeconfig} gpupool status -l {POOL_LABEL}={POOL} --scheduler-name {SCHEDULER_NAME}; "
-        f"metrics: curl 127.0.0.1:{agent_info['scheduler_port']}/metrics; `make demo-down` removes everything")
+        f"KUBECONFIG={kube.kubeconfig} {gpupool_command()} status -l {POOL_LABEL}={POOL} "
+        f"--scheduler-name {SCHEDULER_NAME}; metrics: curl 127.0.0.1:{agent_info['scheduler_port']}/metrics; "
+        f"logs in {folder}; `make demo-down` removes everything")
     return 0
 
 

@@ -55,6 +55,14 @@ def test_demo_up_then_down_leaves_nothing(kube: ClusterClient) -> None:
         for text in ("gpupool status (before)", "gpupool status (after)", "GPUs by state:", "fragmentation (FGD):",
                      "pending pods by priority:", "registered nvidia.com/gpu, nvidia.com/gpu-memory"):
             assert text in out, text
+        # issue 22, items 5-6: where the logs are, from the start; Pending pods explained; a command that runs
+        # without an activated venv; an empty cluster shows no fragmentation figure; a unit is a size
+        assert out.index("logs: ") < out.index("gpupool status (before)"), out
+        assert "best-effort pod(s) stay Pending, as expected" in out, out
+        hint = next(line for line in out.splitlines() if "the demo keeps running" in line)
+        assert f"{Path(sys.executable).parent / 'gpupool'} status" in hint or " .venv/bin/gpupool status" in hint, hint
+        assert "fragment  - (no GPU is in use yet" in out.split("gpupool status (before)")[1]
+        assert "memory units used (1 unit = 1024 MiB)" in out
         before, after = out.split("gpupool status (before)")[1].split("gpupool status (after)")
         assert "no pending GPU pods" in before and "GPUs      0 whole, 0 shared" in before
         assert "gpupool-demo/batch-" in after  # the best-effort pods that found no room wait, listed by priority

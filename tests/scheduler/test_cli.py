@@ -47,6 +47,9 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     (["--policy", "nope"], "invalid choice"),
     (["--percentage-of-nodes-to-score", "101"], "outside 0..100"),
     (["--gate-timeout", "-1"], "must be positive"),
+    (["--max-checkpoint-grace", "0"], "must be positive"),
+    (["--max-checkpoint-grace", "1.5"], "not a int"),
+    (["--nomination-slack", "-5"], "must be positive"),
     (["--kubeconfig", "/does/not/exist"], "does not exist"),
     (["--kubeconfig", "/dev/null", "--leader-elect", "--retry-period", "20"], "--retry-period < --renew-deadline"),
 ])

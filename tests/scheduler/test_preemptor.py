@@ -13,6 +13,7 @@ from gpupool_sched.scheduler.cycle import Cycle, CycleResult
 from gpupool_sched.scheduler.kubeapi import ApiError
 from gpupool_sched.scheduler.metrics import SchedulerMetrics
 from gpupool_sched.scheduler.preemptor import (
+    DEFAULT_MAX_CHECKPOINT_GRACE_S,
     DisruptionBudgets,
     Preemptor,
     may_preempt,
@@ -224,6 +225,56 @@ def test_nomination_timeout_defaults_to_30s_grace(world: World) -> None:
     assert nomination_timeout_s(world.state, plain[:2], 10.0) == 40.0
 
 
+def with_grace(world: World, node: str, seconds: int) -> None:
+    """The pods on `node` declare `terminationGracePeriodSeconds: seconds` (n1-low-0 keeps its 90 s
+    checkpoint annotation, which the eviction uses instead)."""
+    for uid, obj in list(world.pods.items()):
+        if obj["spec"]["nodeName"] == node:
+            obj = bump(obj)
+            obj["spec"]["terminationGracePeriodSeconds"] = seconds
+            world.pods[uid] = obj
+            world.state.apply_pod(obj)
+
+
+def test_the_nomination_lasts_the_victims_real_grace_and_nobody_else_is_evicted(world: World) -> None:
+    """Victims with a 600 s grace period: the room is held 600 s + the slack, not 90 s + the slack
+    (the checkpoint annotation of one victim), so the preemptor does not give up while they shut down
+    and preempt n2 as well (issue 16, A7: 8 pods evicted for one 4-GPU pod)."""
+    with_grace(world, "n1", 600)
+    big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    uid = big["metadata"]["uid"]
+    result = world.schedule(big)
+    assert result.preemption is not None and result.preemption.node == "n1"
+    assert world.state.nominations[uid].deadline == pytest.approx(600 + 60)
+    for victim in result.preemption.victims:  # evicted: terminating for up to their grace
+        grace = 90 if victim.request.name == "n1-low-0" else 600
+        world.state.apply_pod(terminating(world.pods[victim.uid], grace_s=grace))
+    world.now[0] = 650.0
+    assert world.state.expire_nominations() == []
+    again = world.schedule(big)
+    assert again.preemption is None and again.statement is None
+    assert all(e.evicting_for is None for e in world.state.entries("n2"))  # nobody else evicted
+    world.now[0] = 661.0
+    assert [n.key for n in world.state.expire_nominations()] == ["ns/critical"]
+
+
+def test_a_checkpoint_grace_above_the_cap_is_clamped_and_said(world: World) -> None:
+    """`gpupool.io/checkpoint-grace-seconds` has a cap (`--max-checkpoint-grace`, 3600 s by default):
+    a larger value is clamped for the eviction and for the hold, and the victim's Event says so."""
+    first = next(u for u, o in world.pods.items() if o["metadata"]["name"] == "n1-low-0")
+    world.pods[first] = bump(world.pods[first], annotations={"gpupool.io/checkpoint-grace-seconds": "86400"})
+    world.state.apply_pod(world.pods[first])
+    assert nomination_timeout_s(world.state, [first], 60.0) == DEFAULT_MAX_CHECKPOINT_GRACE_S + 60.0 == 3660.0
+    assert nomination_timeout_s(world.state, [first], 60.0, max_checkpoint_grace_s=120) == 180.0
+    world.cycle.max_checkpoint_grace_s = 120
+    api = FakeApi()
+    recorder, _, big = carry_out(world, api, max_checkpoint_grace_s=120)
+    assert world.state.nominations[big["metadata"]["uid"]].deadline == pytest.approx(120 + 60)
+    assert ("evict", "n1-low-0", "120") in api.calls
+    (event,) = [e for e in recorder.events if e[0] == "n1-low-0" and e[2] == "Preempted"]
+    assert "checkpoint grace 120s (gpupool.io/checkpoint-grace-seconds asks 86400s; capped at 120s)" in event[3]
+
+
 # ---- the preemptor: API calls, Events, failures ------------------------------------------------
 
 class FakeApi:
@@ -248,7 +299,8 @@ class FakeRecorder:
         self.events.append((name, kind, reason, message))
 
 
-def carry_out(world: World, api: FakeApi) -> tuple[FakeRecorder, SchedulingQueue, dict[str, Any]]:
+def carry_out(world: World, api: FakeApi,
+              max_checkpoint_grace_s: int = 3600) -> tuple[FakeRecorder, SchedulingQueue, dict[str, Any]]:
     big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
     recorder = FakeRecorder()
 
@@ -260,7 +312,8 @@ def carry_out(world: World, api: FakeApi) -> tuple[FakeRecorder, SchedulingQueue
         result = world.schedule(big)
         assert result.preemption is not None
         queue.park(item, ())
-        preemptor = Preemptor(world.state, api, queue, SchedulerMetrics(), recorder)  # type: ignore[arg-type]
+        preemptor = Preemptor(world.state, api, queue, SchedulerMetrics(), recorder,  # type: ignore[arg-type]
+                              max_checkpoint_grace_s=max_checkpoint_grace_s)
         preemptor.carry_out(world.state.plan(big), result.preemption)
         await preemptor.drain()
         return queue
@@ -354,9 +407,11 @@ def nominated(obj: dict[str, Any], node: str | None) -> dict[str, Any]:
     return out
 
 
-def terminating(obj: dict[str, Any]) -> dict[str, Any]:
+def terminating(obj: dict[str, Any], grace_s: int | None = None) -> dict[str, Any]:
     out = bump(obj)
     out["metadata"]["deletionTimestamp"] = "2026-12-01T11:00:00Z"
+    if grace_s is not None:
+        out["metadata"]["deletionGracePeriodSeconds"] = grace_s
     return out
 
 
@@ -424,6 +479,36 @@ def test_an_adopted_nomination_ends_when_its_field_is_cleared_or_expires(world: 
     world.state.adopt_nomination(uid, "ns/critical", "n2", 1000, hold_90s)
     world.now[0] = 91.0
     assert [n.key for n in world.state.expire_nominations()] == ["ns/critical"]
+
+
+@pytest.mark.parametrize("victims_first", [False, True])
+def test_an_adopted_nomination_lasts_its_victims_real_grace(world: World, victims_first: bool) -> None:
+    """After a failover the victims are terminating with the grace their eviction gave them
+    (metadata.deletionGracePeriodSeconds, 600 s here): the adopted hold lasts that plus the slack, also
+    for victims seen terminating only after the nomination was adopted (a LIST in any order)."""
+    big = prio_pod("critical", 1000, gpus=4, scheduler="gpupool")
+    uid = big["metadata"]["uid"]
+    events = [terminating(world.pods[v], grace_s=600) for v in n1_victims(world)]
+
+    def hold(victims: set[str]) -> float:
+        return nomination_timeout_s(world.state, victims, 60.0)
+
+    if victims_first:
+        for obj in events:
+            world.state.apply_pod(obj)
+    world.now[0] = 10.0
+    nomination = world.state.adopt_nomination(uid, "ns/critical", "n1", 1000, hold)
+    assert nomination is not None
+    if not victims_first:
+        world.now[0] = 20.0
+        for obj in events:
+            world.state.apply_pod(obj)
+    assert nomination.victims == set(n1_victims(world))
+    assert nomination.deadline == pytest.approx(world.now[0] + 600 + 60)
+    world.now[0] = 600.0
+    assert world.state.expire_nominations() == []
+    assert world.schedule(nominated(big, "n1")).preemption is None  # still live: no second node
+    assert all(e.evicting_for is None for e in world.state.entries("n2"))
 
 
 def test_lower_priority_or_unrelated_terminations_do_not_join(world: World) -> None:

@@ -95,7 +95,7 @@ def test_summary_and_node_lines() -> None:
     assert lines[0].startswith("gpupool status: 5 nodes, 29 GPUs, 16 pending pods")
     assert lines[0].endswith("2025-06-01T12:00:00Z")
     assert "9 whole, 1 shared, 17 free, 1 MIG, 1 unhealthy; allocated 33.3%" in lines[1]
-    assert "30/2212 memory units used (1024 MiB); MIG slices 2/8 used" in lines[2]
+    assert "30/2212 memory units used (1 unit = 1024 MiB); MIG slices 2/8 used" in lines[2]
     assert lines[3].startswith("fragment  12.3% of GPU capacity (3.58 GPUs) idle and unusable;")
     assert lines[4].startswith(" " * 10 + "from 812 pods")  # wrapped, aligned under the text
     assert "workload: learnt from 812 pods" in " ".join(line.strip() for line in lines[3:5])
@@ -219,3 +219,27 @@ def test_docs_describe_every_field() -> None:
     docs = DOCS.read_text()
     missing = sorted({f for fields in FIELDS.values() for f in fields if f"`{f}`" not in docs})
     assert not missing, f"docs/status.md does not describe: {missing}"
+
+
+def test_an_empty_cluster_shows_no_fragmentation_figure_and_a_unit_is_a_size() -> None:
+    """On an empty cluster the demo printed "fragment 14.0% ... workload: prior" (FGD's measure of the prior
+    mix against empty nodes, not of any placement) and "0/2880 memory units used (1024 MiB)", which reads
+    like a total (issue 22, item 6)."""
+    import inspect
+
+    from gpupool_sched.placement.workload import RollingProfile
+    from gpupool_sched.status.render import PRIOR_UNTIL_PODS
+
+    empty = cluster().model_copy(update={
+        "fragmentation": Fragmentation(percent=14.0, gpus=1.12, allocated_percent=0.0, profile="prior",
+                                       pods_observed=0),
+        "totals": cluster().totals.model_copy(update={"mig_slices_used": 0}),
+    })
+    text = " ".join(render_table(empty).split())
+    assert "fragment - (no GPU is in use yet: nothing is fragmented by placements)" in text
+    assert "14.0%" not in text
+    assert "memory units used (1 unit = 1024 MiB)" in text
+    prior = cluster().model_copy(update={"fragmentation": cluster().fragmentation.model_copy(
+        update={"profile": "prior", "pods_observed": 3})})
+    assert "workload: prior (a built-in mix until 50 pods are seen)" in " ".join(render_table(prior).split())
+    assert PRIOR_UNTIL_PODS == inspect.signature(RollingProfile).parameters["min_observations"].default

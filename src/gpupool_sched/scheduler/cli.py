@@ -99,6 +99,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Bindings (and other writes of the cycle) in flight at once")
     p.add_argument("--event-workers", type=_positive(int), default=16,
                    help="Events and PodScheduled conditions in flight at once, with a limit of their own")
+    p.add_argument("--nomination-slack", type=_positive(float), default=60.0, metavar="SECONDS",
+                   help="room freed by preemption is held for the preemptor the victims' longest grace "
+                        "period plus this")
+    p.add_argument("--max-checkpoint-grace", type=_positive(int), default=3600, metavar="SECONDS",
+                   help="cap on gpupool.io/checkpoint-grace-seconds: a larger value is clamped (and said in "
+                        "the victim's Preempted Event)")
     p.add_argument("--log-level", default="info", type=log_level, choices=LOG_LEVELS, help="any case")
 
 
@@ -164,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
         renew_deadline_s=args.renew_deadline,
         retry_period_s=args.retry_period,
         identity=identity,
+        nomination_slack_s=args.nomination_slack,
+        max_checkpoint_grace_s=args.max_checkpoint_grace,
         freeze_gc=True,
     )
     logging.getLogger(__name__).info("API server %s (%s); scheduler %s, identity %s",

@@ -13,7 +13,7 @@ at once, and they are assumed together or not at all.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -28,7 +28,7 @@ from gpupool_sched.placement.gang_preemption import GangPreemption, plan_gang_pr
 from gpupool_sched.placement.preemption import Preemption, RunningPod, plan_preemption
 from gpupool_sched.placement.sampling import NodeSampler
 from gpupool_sched.scheduler.podspec import PodPlan
-from gpupool_sched.scheduler.preemptor import nomination_timeout_s
+from gpupool_sched.scheduler.preemptor import DEFAULT_MAX_CHECKPOINT_GRACE_S, nomination_timeout_s
 from gpupool_sched.scheduler.state import ClusterState, plan_shapes
 
 P = TypeVar("P", Preemption, GangPreemption)  # a pod's plan or a gang's
@@ -109,12 +109,14 @@ class Cycle:
         seed: int = 0,
         nomination_slack_s: float = 60.0,
         max_preemptions: int = 3,
+        max_checkpoint_grace_s: int = DEFAULT_MAX_CHECKPOINT_GRACE_S,
     ) -> None:
         self.state = state
         # a pod preempts at most this often (an eviction refused, room lost to another scheduler, holds
         # expired): past it, it waits like a Never pod, so no two schedulers fight over a node forever
         self.max_preemptions = max_preemptions
         self.nomination_slack_s = nomination_slack_s  # holds last the victims' grace plus this
+        self.max_checkpoint_grace_s = max_checkpoint_grace_s  # gpupool.io/checkpoint-grace-seconds cap
         self.policy = policy
         # None: score every feasible node (what the simulator does); else kube-scheduler's sampling
         self.sampler = None if percentage_of_nodes_to_score is None else NodeSampler(0, percentage_of_nodes_to_score)
@@ -177,7 +179,11 @@ class Cycle:
     def _evict(self, statement: Statement, plan: PodPlan, preemption: Preemption) -> None:
         """`plan` nominated on `preemption`'s node, held for its victims' longest grace plus the slack."""
         victims = [v.uid for v in preemption.victims]
-        statement.evict(plan, preemption, nomination_timeout_s(self.state, victims, self.nomination_slack_s))
+        statement.evict(plan, preemption, self.hold_s(victims))
+
+    def hold_s(self, victims: Iterable[str]) -> float:
+        """How long a nomination for `victims` holds their room: their longest eviction grace + the slack."""
+        return nomination_timeout_s(self.state, victims, self.nomination_slack_s, self.max_checkpoint_grace_s)
 
     def schedule_gang(self, plans: list[PodPlan], need: int,
                       running: Callable[[], list[RunningPod]] | None = None,

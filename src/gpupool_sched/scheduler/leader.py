@@ -66,7 +66,9 @@ class LeaderElector:
             now = self.is_leader
             if now != was:
                 self.transitions += 1
-                log.warning("%s leadership of lease %s/%s", "acquired" if now else "lost", self.namespace, self.name)
+                # acquiring is routine (every start); losing it stops this replica's binds: worth a warning
+                log.log(logging.INFO if now else logging.WARNING, "%s leadership of lease %s/%s",
+                        "acquired" if now else "lost", self.namespace, self.name)
                 self.changed.set()
                 self.changed = asyncio.Event()
                 was = now

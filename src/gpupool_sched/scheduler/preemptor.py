@@ -25,11 +25,14 @@ from gpupool_sched.scheduler.metrics import SchedulerMetrics
 from gpupool_sched.scheduler.podspec import PodPlan
 from gpupool_sched.scheduler.queue import ClusterEvent, SchedulingQueue
 from gpupool_sched.scheduler.recorder import EventRecorder
-from gpupool_sched.scheduler.state import ClusterState
+from gpupool_sched.scheduler.state import CHECKPOINT_GRACE, ClusterState, PodEntry
 
 log = logging.getLogger(__name__)
 
-DEFAULT_GRACE_S = 30  # a pod's terminationGracePeriodSeconds when it says nothing
+DEFAULT_GRACE_S = 30  # a pod's terminationGracePeriodSeconds when it says nothing (the API server's default)
+# gpupool.io/checkpoint-grace-seconds above this is clamped to it (scheduler flag --max-checkpoint-grace):
+# the annotation is the workload's own say, and a preemptor waits that long for the room
+DEFAULT_MAX_CHECKPOINT_GRACE_S = 3600
 
 
 def may_preempt(obj: Mapping[str, Any], non_preempting_classes: Iterable[str]) -> bool:
@@ -138,10 +141,28 @@ def eviction_reason(reclaim: bool, quota: str | None) -> str:
     return f"borrowing beyond their GpuQuota's guarantee (reclaimed for {quota})" if reclaim else BY_PRIORITY
 
 
-def nomination_timeout_s(state: ClusterState, victims: Iterable[str], slack_s: float) -> float:
-    """How long the freed room is held: the victims' longest grace period plus `slack_s`."""
-    graces = [e.grace_s if e.grace_s is not None else DEFAULT_GRACE_S
-              for v in victims if (e := state.pods.get(v)) is not None]
+def checkpoint_grace_s(entry: PodEntry, max_checkpoint_grace_s: int = DEFAULT_MAX_CHECKPOINT_GRACE_S) -> int | None:
+    """The eviction's gracePeriodSeconds: the pod's checkpoint annotation, clamped to the cap; None
+    without one (the pod's own terminationGracePeriodSeconds applies)."""
+    return None if entry.grace_s is None else min(entry.grace_s, max_checkpoint_grace_s)
+
+
+def eviction_grace_s(entry: PodEntry, max_checkpoint_grace_s: int = DEFAULT_MAX_CHECKPOINT_GRACE_S) -> int:
+    """How long the pod may take to go once evicted: the grace it is already terminating with
+    (metadata.deletionGracePeriodSeconds), else the one its eviction gets (the capped checkpoint
+    annotation), else its terminationGracePeriodSeconds (30 s when unset, as Kubernetes)."""
+    if entry.deletion_grace_s is not None:
+        return entry.deletion_grace_s
+    checkpoint = checkpoint_grace_s(entry, max_checkpoint_grace_s)
+    if checkpoint is not None:
+        return checkpoint
+    return entry.pod_grace_s if entry.pod_grace_s is not None else DEFAULT_GRACE_S
+
+
+def nomination_timeout_s(state: ClusterState, victims: Iterable[str], slack_s: float,
+                         max_checkpoint_grace_s: int = DEFAULT_MAX_CHECKPOINT_GRACE_S) -> float:
+    """How long the freed room is held: the victims' longest eviction grace period plus `slack_s`."""
+    graces = [eviction_grace_s(e, max_checkpoint_grace_s) for v in victims if (e := state.pods.get(v)) is not None]
     return max(graces, default=DEFAULT_GRACE_S) + slack_s
 
 
@@ -153,12 +174,14 @@ class Target:
     namespace: str
     name: str
     priority: int
-    grace_s: int | None
+    grace_s: int | None  # the eviction's gracePeriodSeconds (None: the pod's own)
+    asked_s: int | None = None  # the checkpoint annotation, when the cap clamped it
 
 
 class Preemptor:
     def __init__(self, state: ClusterState, api: KubeApi, queue: SchedulingQueue, metrics: SchedulerMetrics,
-                 recorder: EventRecorder) -> None:
+                 recorder: EventRecorder, *, max_checkpoint_grace_s: int = DEFAULT_MAX_CHECKPOINT_GRACE_S) -> None:
+        self.max_checkpoint_grace_s = max_checkpoint_grace_s
         self.state = state
         self.api = api
         self.queue = queue
@@ -173,7 +196,12 @@ class Preemptor:
         for victim in preemption.victims:
             entry = self.state.pods[victim.uid]
             namespace, _, name = entry.key.partition("/")
-            targets.append(Target(victim.uid, namespace, name, victim.priority, entry.grace_s))
+            grace = checkpoint_grace_s(entry, self.max_checkpoint_grace_s)
+            asked = entry.grace_s if entry.grace_s != grace else None
+            if asked is not None:
+                log.warning("pod %s/%s asks %s=%d; capped at %d s (--max-checkpoint-grace)",
+                            namespace, name, CHECKPOINT_GRACE, asked, grace)
+            targets.append(Target(victim.uid, namespace, name, victim.priority, grace, asked))
         self.metrics.preemption_attempts.labels(result="planned").inc()
         log.info("pod %s (priority %d) preempts %d pod(s) on %s: %s", plan.key, plan.priority, len(targets),
                  preemption.node, ", ".join(f"{t.namespace}/{t.name}" for t in targets))
@@ -226,7 +254,9 @@ class Preemptor:
                 target.namespace, target.name, target.uid, "Warning", "Preempted",
                 f"Preempted by {plan.key} (priority {plan.priority}) on node {node} to make room for {what}"
                 + ("" if why == BY_PRIORITY else f": pod(s) {why}")
-                + (f"; checkpoint grace {target.grace_s}s" if target.grace_s is not None else ""))
+                + (f"; checkpoint grace {target.grace_s}s" if target.grace_s is not None else "")
+                + (f" ({CHECKPOINT_GRACE} asks {target.asked_s}s; capped at {target.grace_s}s)"
+                   if target.asked_s is not None else ""))
 
     def _abort(self, plan: PodPlan, remaining: list[Target], exc: ApiError, *, clear: bool) -> None:
         blocked = "a PodDisruptionBudget forbids it" if exc.status == 429 else str(exc)

@@ -39,11 +39,11 @@ from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
 from gpupool_sched.scheduler.metrics import GPU_STATES, SchedulerMetrics, gpu_states
 from gpupool_sched.scheduler.podspec import InvalidPod, PodPlan, pod_revision
 from gpupool_sched.scheduler.preemptor import (
+    DEFAULT_MAX_CHECKPOINT_GRACE_S,
     DisruptionBudgets,
     Preemptor,
     eviction_reason,
     may_preempt,
-    nomination_timeout_s,
     running_pods,
 )
 from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, SchedulingQueue
@@ -83,6 +83,7 @@ class SchedulerConfig:
     profile_window: int = 2000
     housekeeping_s: float = 1.0
     nomination_slack_s: float = 60.0  # freed GPUs are held for a preemptor the victims' grace + this
+    max_checkpoint_grace_s: int = DEFAULT_MAX_CHECKPOINT_GRACE_S  # gpupool.io/checkpoint-grace-seconds cap
     freeze_gc: bool = False  # the process's own (CLI): gc.freeze() after the first sync
 
 
@@ -116,7 +117,8 @@ class SchedulerService:
         self._profile_in_use: WorkloadProfile | None = None
         self.cycle = Cycle(self.state, self.current_policy,
                            percentage_of_nodes_to_score=config.percentage_of_nodes_to_score,
-                           nomination_slack_s=config.nomination_slack_s)
+                           nomination_slack_s=config.nomination_slack_s,
+                           max_checkpoint_grace_s=config.max_checkpoint_grace_s)
         self.leader: LeaderElector | AlwaysLeader = (
             LeaderElector(api, config.lease_namespace, config.lease_name, config.identity,
                           lease_duration_s=config.lease_duration_s, renew_deadline_s=config.renew_deadline_s,
@@ -133,7 +135,8 @@ class SchedulerService:
         self.recorder = EventRecorder(api.lane(config.event_workers), self.metrics,
                                       workers=config.event_workers)
         self.budgets = DisruptionBudgets()
-        self.preemptor = Preemptor(self.state, api, self.queue, self.metrics, self.recorder)
+        self.preemptor = Preemptor(self.state, api, self.queue, self.metrics, self.recorder,
+                                   max_checkpoint_grace_s=config.max_checkpoint_grace_s)
         self._pending: dict[str, dict[str, Any]] = {}  # uid -> latest object of our pending pods
         self.gangs = Gangs()
         self.quotas = QuotaBook(self.state, self.metrics.registry)
@@ -300,8 +303,7 @@ class SchedulerService:
         leader's victims free, so a failover does not hand that room to lower priorities or preempt again."""
         node = (obj.get("status") or {}).get("nominatedNodeName")
         if isinstance(node, str) and node:
-            self.state.adopt_nomination(uid, key, node, priority, lambda victims: nomination_timeout_s(
-                self.state, victims, self.cycle.nomination_slack_s))
+            self.state.adopt_nomination(uid, key, node, priority, self.cycle.hold_s)
         elif self.state.drop_adopted(uid):
             self.queue.on_event(ClusterEvent.GPU_FREED)
 

@@ -92,6 +92,8 @@ class PodEntry:
     labels: Mapping[str, str] = field(default_factory=dict)  # for PodDisruptionBudget selectors
     started: float = 0.0  # status.startTime (else creation), seconds since the epoch: preemption's age
     grace_s: int | None = None  # gpupool.io/checkpoint-grace-seconds: the eviction's grace period
+    pod_grace_s: int | None = None  # spec.terminationGracePeriodSeconds (the grace without the annotation)
+    deletion_grace_s: int | None = None  # metadata.deletionGracePeriodSeconds: the grace it is terminating with
     evicting_for: str | None = None  # UID of the preemptor this pod is being evicted for
 
 
@@ -108,6 +110,7 @@ class Nomination:
     deadline: float  # state clock
     holds: set[str] = field(default_factory=set)  # synthetic UIDs of NOMINATED entries
     adopted: bool = False  # rebuilt from status.nominatedNodeName, not decided by this instance
+    hold_for: Callable[[set[str]], float] | None = None  # adopted: how long victims joining later extend it
 
 
 @dataclass(frozen=True, slots=True)
@@ -540,7 +543,7 @@ class ClusterState:
             return None
         self.end_nomination(uid)
         self._nominated_on[uid] = node
-        nomination = Nomination(uid, key, node, priority, set(), 0.0, adopted=True)
+        nomination = Nomination(uid, key, node, priority, set(), 0.0, adopted=True, hold_for=timeout_s)
         self.nominations[uid] = nomination
         for victim in sorted(self.by_node.get(node, ())):
             entry = self.pods[victim]
@@ -571,6 +574,8 @@ class ClusterState:
         if best is not None:
             entry.evicting_for = best.uid
             best.victims.add(entry.uid)
+            if best.hold_for is not None:  # it holds as long as this victim's grace needs too
+                best.deadline = max(best.deadline, self.clock() + best.hold_for({entry.uid}))
 
     def nomination_live(self, uid: str) -> bool:
         """kube-scheduler's PodEligibleToPreemptOthers, inverted: the pod's victims are still terminating."""
@@ -734,6 +739,8 @@ def _describe(entry: PodEntry, obj: Mapping[str, Any]) -> None:
     started = _timestamp((obj.get("status") or {}).get("startTime")) or _timestamp(meta.get("creationTimestamp"))
     entry.started = started or entry.started or time.time()
     entry.grace_s = checkpoint_grace(meta.get("annotations"))
+    entry.pod_grace_s = _seconds((obj.get("spec") or {}).get("terminationGracePeriodSeconds"))
+    entry.deletion_grace_s = _seconds(meta.get("deletionGracePeriodSeconds"))
     if meta.get("deletionTimestamp") and entry.evicting_for is None:
         entry.evicting_for = TERMINATING  # on its way out already (e.g. evicted before a restart): no victim
 
@@ -746,6 +753,11 @@ def checkpoint_grace(annotations: Any) -> int | None:
     if not isinstance(text, str) or not text.strip().isdigit():
         return None
     return int(text.strip())
+
+
+def _seconds(value: Any) -> int | None:
+    """A non-negative integer field (a grace period), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _timestamp(text: Any) -> float:

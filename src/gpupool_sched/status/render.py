@@ -18,6 +18,7 @@ MAP_MAX = 16  # GPU map characters per node line; more GPUs end in '+'
 GPU_MARK = {"whole": "W", "shared": "S", "free": ".", "mig": "M"}
 UNHEALTHY_MARK = "!"
 LEGEND = "GPU map: W whole  S shared  . free  M MIG  ! unhealthy"
+PRIOR_UNTIL_PODS = 50  # RollingProfile's min_observations: the scheduler's profile is the prior until then
 
 
 def shorten(text: str, width: int) -> str:
@@ -86,10 +87,15 @@ def _summary(status: ClusterStatus, width: int, wide: bool) -> list[str]:
     lines.append(f"GPUs      {t.whole} whole, {t.shared} shared, {t.free} free, {t.mig} MIG, "
                  f"{t.unhealthy} unhealthy; allocated {f.allocated_percent:.1f}%")
     lines.append(f"units     {t.memory_units_used}/{t.memory_units_total} memory units used "
-                 f"({status.memory_unit_mib} MiB); MIG slices {t.mig_slices_used}/{t.mig_slices_total} used")
-    learnt = f"learnt from {f.pods_observed} pods" if f.profile == "observed" else "prior"
-    lines.append(f"fragment  {f.percent:.1f}% of GPU capacity ({f.gpus:.2f} GPUs) idle and unusable; "
-                 f"workload: {learnt}")
+                 f"(1 unit = {status.memory_unit_mib} MiB); MIG slices {t.mig_slices_used}/{t.mig_slices_total} used")
+    if f.allocated_percent == 0 and t.mig_slices_used == 0:
+        # FGD on empty nodes only says which GPUs the workload's shapes could never fill: not a placement's doing
+        lines.append("fragment  - (no GPU is in use yet: nothing is fragmented by placements)")
+    else:
+        learnt = (f"learnt from {f.pods_observed} pods" if f.profile == "observed"
+                  else f"prior (a built-in mix until {PRIOR_UNTIL_PODS} pods are seen)")
+        lines.append(f"fragment  {f.percent:.1f}% of GPU capacity ({f.gpus:.2f} GPUs) idle and unusable; "
+                     f"workload: {learnt}")
     if t.unknown_device_pods:
         lines.append(f"guessed   {t.unknown_device_pods} bound GPU pods without assignment or ack")
     if wide:
