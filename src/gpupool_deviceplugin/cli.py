@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.strip().upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("gpupool_deviceplugin")
+    if args.log_level.strip().lower() != "debug":
+        # the client retries each request 3 times and urllib3 warns each time; the plugin's own line (once per
+        # state change, kube/retrylog.py) says what failed
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     try:
         config = load_config(args.config)
         if args.metrics_port is not None:

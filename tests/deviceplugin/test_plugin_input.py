@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pynvml
 import pytest
+import yaml
 
 from deviceplugin.kubelet_standin import KubeletStandin
 from deviceplugin.plugin_process import plugin_command
@@ -290,3 +291,69 @@ def test_the_readme_command_runs_without_kubelet_or_api_server(tmp_path: Path, k
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
     assert not (fresh / "gpupool-gpu.sock").exists()
+
+
+# -- an unreachable API server, a relative kubelet directory (issue 22) ----------------------------------
+
+def test_an_unreachable_api_server_is_logged_once_per_state_change(tmp_path: Path, kubelet_dir: Path,
+                                                                   start_plugin) -> None:
+    """The plugin logged 50 lines in 20 s while the API server was unreachable: three urllib3 `Retrying`
+    warnings per request and one warning per attempt of the pod watch and the node publication. Now each
+    retried call says once that it fails and retries with back-off."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    plugin = start_plugin("l40s-pcie", kubeconfig=kubeconfig, config={"kubernetes": {"mode": "auto"}})
+    plugin.wait_log(r"pod watch for node node-a failed")
+    time.sleep(6)  # pod watch retries after 0.5, 1, 2 and 4 s
+    log_text = plugin.log()
+    assert "Retrying" not in log_text and "urllib3" not in log_text, log_text
+    failures = [line for line in log_text.splitlines() if "pod watch for node node-a failed" in line]
+    assert len(failures) == 1, log_text
+    assert "Connection refused; retrying with back-off" in failures[0], failures[0]
+
+
+def test_retry_log_warns_once_per_cause_and_says_when_it_recovers(caplog: pytest.LogCaptureFixture) -> None:
+    from gpupool_deviceplugin.kube.retrylog import RetryLog
+
+    retry = RetryLog(logging.getLogger("test.retry"), "pod watch for node n")
+    refused = ConnectionRefusedError(111, "Connection refused")
+    with caplog.at_level(logging.DEBUG, logger="test.retry"):
+        for _ in range(5):
+            retry.failed(refused, 1.0)
+        retry.failed(TimeoutError("timed out"), 2.0)
+        retry.succeeded()
+        retry.succeeded()
+        retry.failed(refused, 1.0)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["WARNING", "DEBUG", "DEBUG", "DEBUG", "DEBUG", "WARNING", "INFO",
+                                             "WARNING"], lines
+    assert lines[6][1] == "pod watch for node n works again after 6 failed attempt(s)"
+
+
+def test_a_relative_kubelet_dir_is_served(tmp_path: Path) -> None:
+    """`--kubelet-dir kd` gave a traceback from gRPC (unix:// takes no relative path)."""
+    (tmp_path / "kd").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "LOG_LEVEL")}
+    log = tmp_path / "plugin.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([*plugin_command(), "--node-name", "n1", "--fake-nvml", "l40s-pcie", "--kubelet-dir",
+                                 "kd", "--metrics-port", "0"], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while "waiting for the kubelet" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.1)
+        assert (tmp_path / "kd" / "gpupool-gpu.sock").exists(), log.read_text()
+        assert "Traceback" not in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)

@@ -127,3 +127,20 @@ def test_random_kubeconfigs_load_or_give_one_line(content: bytes) -> None:
         except KubeconfigError as exc:  # anything else escapes and fails the test
             assert str(exc).startswith((f"kubeconfig {path}", f"cannot use kubeconfig {path}"))
             assert "\n" not in str(exc)
+
+
+@pytest.mark.parametrize("command", ["scheduler", "status", "extender"])
+def test_an_unreachable_api_server_is_one_line_without_retry_warnings(tmp_path: Path, command: str) -> None:
+    """The extender printed three urllib3 `Retrying...` warnings before its clear error (issue 22, item 7)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({**GOOD, "clusters": [{"name": "c", "cluster": {
+        "server": f"https://127.0.0.1:{port}"}}]}))
+    done = run(command, "--kubeconfig", str(path), cwd=tmp_path)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert f"cannot reach the API server at https://127.0.0.1:{port}" in lines[0] and "Retrying" not in done.stderr

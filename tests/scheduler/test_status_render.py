@@ -242,4 +242,4 @@ def test_an_empty_cluster_shows_no_fragmentation_figure_and_a_unit_is_a_size() -
     prior = cluster().model_copy(update={"fragmentation": cluster().fragmentation.model_copy(
         update={"profile": "prior", "pods_observed": 3})})
     assert "workload: prior (a built-in mix until 50 pods are seen)" in " ".join(render_table(prior).split())
-    assert PRIOR_UNTIL_PODS == inspect.signature(RollingProfile).parameters["min_observations"].default
+    assert inspect.signature(RollingProfile).parameters["min_observations"].default == PRIOR_UNTIL_PODS

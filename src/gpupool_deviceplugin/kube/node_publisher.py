@@ -72,17 +72,21 @@ class NodePublisher:
         return True
 
     def _run(self) -> None:
+        from gpupool_deviceplugin.kube.retrylog import RetryLog
+
         backoff = 1.0
+        retry = RetryLog(log, f"publishing to node {self.node}")  # one line per state change, not per try
         while not self._stop.is_set():
             try:
                 self.sync_once()
+                retry.succeeded()
                 self.published.set()
                 backoff = 1.0
                 self._wake.wait(self.refresh_s)
                 self._wake.clear()
             except Exception as exc:
                 self.metrics.node_patches.labels(result="error").inc()
-                log.warning("publishing to node %s failed: %s; retrying in %.0fs", self.node, exc, backoff)
+                retry.failed(exc, backoff)
                 self._wake.wait(backoff)
                 self._wake.clear()
                 backoff = min(backoff * 2, 60.0)

@@ -77,19 +77,23 @@ class PodWatcher:
         return version
 
     def _run(self) -> None:
+        from gpupool_deviceplugin.kube.retrylog import RetryLog
+
         backoff = 0.5
         version: str | None = None
+        retry = RetryLog(log, f"pod watch for node {self.node}")  # one line per state change, not per try
         while not self._stop.is_set():
             try:
                 if version is None:
                     with self._relist_lock:
                         version = self._list()
+                    retry.succeeded()
                 version = self._stream(version)
                 backoff = 0.5
             except Exception as exc:
                 if self._stop.is_set():
                     return
-                log.warning("pod watch for node %s failed (%s); re-listing in %.1fs", self.node, exc, backoff)
+                retry.failed(exc, backoff)
                 version = None
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)

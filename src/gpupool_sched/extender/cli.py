@@ -52,10 +52,15 @@ def run(args: argparse.Namespace) -> int:
     tune_switch_interval()
     api_client, host = _kube_client(args.kubeconfig)
     api = KubeApi(api_client, component="gpupool-extender")
+    urllib3_log = logging.getLogger("urllib3")
+    level = urllib3_log.level
+    urllib3_log.setLevel(logging.ERROR)  # its retry warnings would bury the one line below
     try:
         api.server_version_sync(timeout_s=5.0)
     except Exception as exc:
         raise UserError(f"cannot reach the API server at {host}: {_root_cause(exc)}") from None
+    finally:
+        urllib3_log.setLevel(level)
     config = ExtenderConfig(scheduler_name=args.scheduler_name, policy=args.policy,
                             memory_unit_mib=args.memory_unit_mib, gate_timeout_s=args.gate_timeout,
                             bind_timeout_s=args.bind_timeout, freeze_gc=True)
