@@ -685,11 +685,6 @@ class ClusterState:
             del self._tombstones[uid]
         return stale
 
-    # ---- accounting ------------------------------------------------------------------------------
-    def _apply(self, entry: PodEntry) -> None:
-        if entry.applied or entry.node not in self.nodes:
-            return
-        spec = self.nodes[entry.node].spec
     def mark_uncertain(self, uid: str) -> PodEntry | None:
         """The Binding of `uid` may or may not have landed: keep what it holds until a read says."""
         entry = self.pods.get(uid)
@@ -697,6 +692,11 @@ class ClusterState:
             entry.uncertain = True
         return entry
 
+    # ---- accounting ------------------------------------------------------------------------------
+    def _apply(self, entry: PodEntry) -> None:
+        if entry.applied or entry.node not in self.nodes:
+            return
+        spec = self.nodes[entry.node].spec
         if not _fits_layout(entry.placement, spec):
             log.warning("pod %s holds devices node %s no longer has; accounting it without GPUs", entry.key, spec.name)
             entry.request, entry.placement = _without_gpus(entry.request), Placement(node=entry.node)
