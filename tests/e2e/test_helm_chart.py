@@ -502,6 +502,8 @@ def test_upgrade_and_uninstall_leave_nothing_behind(kube: ClusterClient, namespa
             assert {("Deployment", f"{fullname}-extender"), ("Service", f"{fullname}-extender"),
                     ("ServiceAccount", f"{fullname}-extender"),
                     ("ClusterRoleBinding", f"{fullname}-extender")} <= upgraded
+            extender = apps.read_namespaced_deployment(f"{fullname}-extender", namespace)
+            assert extender.spec.replicas == 1 and extender.spec.strategy.type == "Recreate"  # one writer
             policy = kube.core.read_namespaced_config_map(f"{fullname}-scheduler-policy", namespace).data
             assert policy["policy"] == "best-fit"
             deployment = apps.read_namespaced_deployment(f"{fullname}-scheduler", namespace)

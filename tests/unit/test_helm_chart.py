@@ -94,6 +94,16 @@ def test_values_switch_parts_on_and_off() -> None:
     assert "rel-gpupool-deviceplugin" not in by_kind(off, "ClusterRole")
 
 
+def test_the_extender_is_a_single_writer_by_construction() -> None:
+    """One extender ledger (issue 16 A10): the extender has no leader election, so two replicas, or an
+    old and a new pod side by side during a RollingUpdate, would both answer `bind` from ledgers that
+    do not see each other's assumptions. One replica, replaced with Recreate (the old pod is gone
+    before the new one starts)."""
+    extender = by_kind(render("--set", "extender.enabled=true"), "Deployment")["rel-gpupool-extender"]
+    assert extender["spec"]["replicas"] == 1
+    assert extender["spec"]["strategy"] == {"type": "Recreate"}
+
+
 def _expanded_command(docs: list[dict[str, Any]], deployment: str) -> list[str]:
     """The container's command + args as the kubelet runs them: $(VAR) expanded from its env (ConfigMap
     keys and the downward API get stand-in values)."""
@@ -154,6 +164,7 @@ def test_monitoring_objects_carry_the_chart_files() -> None:
     (["--set", "scheduler.policy=fastest"], "at '/scheduler/policy': value must be one of"),
     (["--set", "devicePlugin.fakeNvmlProfile=h200"], "at '/devicePlugin/fakeNvmlProfile': value must be one of"),
     (["--set", "schedulr.replicas=1"], "additional properties 'schedulr' not allowed"),
+    (["--set", "extender.enabled=true", "--set", "extender.replicas=2"], "at '/extender/replicas': maximum: got 2, want 1"),
     (["--set", "gpuMemoryUnitMiB=3"], "at '/gpuMemoryUnitMiB': minimum: got 3, want 64"),
     (["--set", "devicePlugin.mpsPipeDirectory=mps"], "at '/devicePlugin/mpsPipeDirectory'"),
     (["--set", "priorityClasses.classes.tier.value=2000000000"], "at '/priorityClasses/classes/tier/value'"),
