@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-__all__ = ["LOG_LEVELS", "DefaultsHelpFormatter", "OneLineParser", "decode_utf8", "log_level"]
+__all__ = ["LOG_LEVELS", "DefaultsHelpFormatter", "OneLineParser", "decode_utf8", "log_level", "one_line"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -24,12 +24,18 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
+def one_line(message: str) -> str:
+    """A message as one line: a line break or another control character (from an argument, a file name) is
+    written escaped, as Python writes it ("\\n", "\\x1e"), so it cannot split the line."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Bad flags give one line (`prog: error: ...; see prog --help`) and exit 2, not the usage block.
     Sub-command parsers inherit the class."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def log_level(text: str) -> str:

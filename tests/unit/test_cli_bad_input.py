@@ -226,3 +226,67 @@ def test_a_non_utf8_file_is_named_with_its_line(tmp_path: Path) -> None:
     (tmp_path / "c.yaml").write_bytes(b"metrics:\n  port: \x81\n")
     with pytest.raises(ConfigError, match=r"c.yaml is not UTF-8 text at line 2, column 9: byte 0x81"):
         read_yaml(tmp_path / "c.yaml", "config file")
+
+
+# -- fuzz: any tokens after any sub-command parse or give one line naming that sub-command -------------
+
+LEAVES = sorted(p for p, parser in PARSERS.items() if p.startswith("gpupool ") and not any(
+    isinstance(a, argparse._SubParsersAction) for a in parser._actions))
+TOKENS = st.one_of(st.sampled_from(["--frobnicate", "-x", "--", "-", "0", "-1", "70000", "1e309", "nan", "DEBUG",
+                                    "verbose", "", " ", "\x00", "é", "--log-level", "--metrics-port", "--count",
+                                    "--prefix", "--all", "--ratio", "--policy", "--help=x", "--version"]),
+                   st.text(max_size=6))
+
+
+@settings(max_examples=300, deadline=None)
+@given(prog=st.sampled_from(LEAVES), tokens=st.lists(TOKENS, max_size=5))
+def test_random_tokens_parse_or_give_one_line_naming_the_command(prog: str, tokens: list[str]) -> None:
+    """Parsing only (nothing runs): an exit is 0 (help) or 2 with one line from the innermost command."""
+    argv = [*prog.split()[1:], *tokens]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            gpupool_cli.parse(gpupool_cli.build_parser(), argv)
+        except SystemExit as exc:
+            code = exc.code
+        else:
+            return
+    if code == 0:
+        return
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1, (argv, err.getvalue())
+    assert lines[0].startswith("gpupool"), lines
+    if any(t.startswith("--frob") for t in tokens) and "unrecognized" in lines[0]:
+        assert lines[0].startswith(f"{prog}: error: "), (argv, lines)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(TOKENS, max_size=5), env_level=st.one_of(st.none(), st.sampled_from(["info", "LOUD", "Debug"])))
+def test_random_plugin_command_lines_give_one_line(tokens: list[str], env_level: str | None) -> None:
+    """gpupool-deviceplugin's parser and its own checks: one line and exit 2, or a command line to run."""
+    import os
+
+    from gpupool_deviceplugin.cli import build_parser as plugin_parser
+    from gpupool_deviceplugin.cli import check_inputs
+
+    old = os.environ.get("LOG_LEVEL")
+    if env_level is None:
+        os.environ.pop("LOG_LEVEL", None)
+    else:
+        os.environ["LOG_LEVEL"] = env_level
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                args = plugin_parser().parse_args([*tokens, "--kubelet-dir", "/"])
+            except SystemExit as exc:
+                lines = err.getvalue().strip().splitlines()
+                assert exc.code == 0 or (exc.code == 2 and len(lines) == 1), err.getvalue()
+                return
+        problem = check_inputs(args)
+        assert problem is None or "\n" not in problem
+    finally:
+        if old is None:
+            os.environ.pop("LOG_LEVEL", None)
+        else:
+            os.environ["LOG_LEVEL"] = old
