@@ -158,13 +158,15 @@ def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
 def print_figures(samples: dict[str, list[tuple[dict[str, str], float]]], plugin_ports: list[int]) -> None:
     """The figures of the dashboard's GPU and queue rows, from one scrape of the scheduler."""
     say("scheduler /metrics (the dashboard's figures; GPU figures cover every node the scheduler sees)")
+    missing = "not in this scrape (the cluster gauges are computed every 5 s)"  # never shown as 0
     states = {labels["state"]: value for labels, value in samples["gpupool_scheduler_cluster_gpus"]}
     order = ("whole", "shared", "mig", "free", "unhealthy")
-    print("  GPUs by state:          " + "  ".join(f"{s} {int(states.get(s, 0))}" for s in order))
-    (_, allocated), = samples["gpupool_scheduler_cluster_gpu_allocated_percent"]
-    (_, fragmented), = samples["gpupool_scheduler_cluster_fragmentation_percent"]
-    print(f"  GPU capacity allocated: {allocated:.1f}%")
-    print(f"  fragmentation (FGD):    {fragmented:.1f}% of all GPU capacity")
+    print("  GPUs by state:          " + ("  ".join(f"{s} {int(states[s])}" for s in order if s in states)
+                                         if states else missing))
+    allocated = [value for _, value in samples["gpupool_scheduler_cluster_gpu_allocated_percent"]]
+    fragmented = [value for _, value in samples["gpupool_scheduler_cluster_fragmentation_percent"]]
+    print("  GPU capacity allocated: " + (f"{allocated[0]:.1f}%" if allocated else missing))
+    print("  fragmentation (FGD):    " + (f"{fragmented[0]:.1f}% of all GPU capacity" if fragmented else missing))
     pending: dict[int, float] = defaultdict(float)
     for labels, value in samples["gpupool_scheduler_pending_pods"]:
         pending[int(float(labels["priority"]))] += value

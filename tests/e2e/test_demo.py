@@ -99,3 +99,25 @@ def test_demo_up_then_down_leaves_nothing(kube: ClusterClient) -> None:
                               capture_output=True, text=True, check=True).stdout.split()
     assert module.RELEASE not in releases
     assert not module.read_state(kube.cluster.name)
+
+
+def test_figures_missing_from_a_scrape_are_not_printed_as_zero(capsys) -> None:
+    """A gauge the scrape lacks (computed every 5 s) was printed as `whole 0 shared 0 ...` (issue 22, item 1:
+    a missing measurement is never a number)."""
+    import importlib.util
+    from collections import defaultdict
+
+    spec = importlib.util.spec_from_file_location("demo", DEMO)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.print_figures(defaultdict(list), [])
+    out = capsys.readouterr().out
+    assert "whole 0" not in out and "0.0%" not in out, out
+    assert out.count("not in this scrape") == 3, out
+    gpus = [({"state": "whole"}, 3.0), ({"state": "free"}, 1.0)]
+    samples = defaultdict(list, {"gpupool_scheduler_cluster_gpus": gpus,
+                                 "gpupool_scheduler_cluster_gpu_allocated_percent": [({}, 75.0)]})
+    module.print_figures(samples, [])
+    out = capsys.readouterr().out
+    assert "whole 3  free 1" in out and "allocated: 75.0%" in out and out.count("not in this scrape") == 1, out
