@@ -343,6 +343,52 @@ def test_pdb_makes_preemption_pick_other_victims_or_wait_and_the_deployment_recr
                and not _pods_of(list_pods(kube, namespace), "infer"), 30, "ReplicaSet and pods collected")
 
 
+def test_victims_with_a_long_grace_keep_the_nomination_and_nobody_else_is_evicted(
+    kube: ClusterClient, namespace: str, log_dir: Path, classes: dict[str, str],
+) -> None:
+    """Issue 16 A7. Two full 8-GPU nodes of 1-GPU pods that take 35 s to stop (kwok's
+    `gpupool.io/stop-takes`) within their 45 s terminationGracePeriodSeconds; the scheduler holds a
+    nomination for the victims' longest grace + `--nomination-slack 1`. An 8-GPU critical pod preempts
+    one node and waits for it. When the hold followed the default 30 s grace instead of the pods' own,
+    it expired at 31 s while the victims were still stopping, and the preemptor evicted the other
+    node's 8 pods too (16 evicted for one pod)."""
+    pool = unique("grace")
+    nodes = add_pool_nodes(kube, pool, "dgx-h100", 2)
+    proc = start_scheduler(kube, unique("gpupool"), log_dir, "--nomination-slack", "1")
+    seen = PodWatch(kube, namespace)
+    try:
+        low = [pod(f"low-{i}", proc.name, pool, gpus=1, priority_class=classes["low"],
+                   annotations={"gpupool.io/stop-takes": "35s"}) for i in range(16)]
+        for manifest in low:
+            manifest["spec"]["terminationGracePeriodSeconds"] = 45
+        create_pods(kube.core, namespace, low, concurrency=8)
+        placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in wait_bound(kube, namespace, 16)}
+        assert set(placed.values()) == set(nodes)
+        started = time.monotonic()
+        kube.core.create_namespaced_pod(namespace, pod("critical", proc.name, pool, gpus=8,
+                                                       priority_class=classes["critical"]))
+
+        def critical_node() -> str | None:
+            crit = next((p for p in list_pods(kube, namespace) if p["metadata"]["name"] == "critical"), None)
+            return crit["spec"].get("nodeName") if crit else None
+
+        node = wait_until(critical_node, 90, "the critical pod bound after its victims stopped")
+        waited = time.monotonic() - started
+        victims = sorted(n for n, at in placed.items() if at == node)
+        assert len(victims) == 8
+        assert waited > 31, f"bound after {waited:.0f} s: the victims cannot have stopped yet"
+        assert sorted(seen.grace) == victims, f"evicted: {sorted(seen.grace)}"  # nobody else
+        assert all(seen.grace[v] == 45 for v in victims)  # their own grace (no checkpoint annotation)
+        assert seen.nominated.get("critical") == node
+        assert proc.metric("gpupool_scheduler_preemption_attempts_total", result="planned") == 1
+        assert proc.metric("gpupool_scheduler_preemption_victims_total") == 8
+    finally:
+        seen.stop()
+        proc.stop()
+        kube.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        kube.delete_nodes(nodes)
+
+
 def test_a_pod_naming_a_missing_priority_class_is_refused_with_a_clear_message(
     kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, pool: tuple[str, list[str]],
 ) -> None:
