@@ -60,6 +60,7 @@ class ProxyRecord:
     held: bool  # the request waited out a black hole before it was sent
     target: str = ""  # a Binding's target node
     pod: str = ""  # a Binding's pod
+    gone: bool = False  # a watch answered 410 Gone (an ERROR event of code 410 in its stream, or the status)
 
     @property
     def is_write(self) -> bool:
@@ -364,6 +365,7 @@ class FaultProxy:
             sent_at = time.time()
             status = 0
             answered_at = 0.0
+            seen: dict[str, bool] = {"gone": False}
             try:
                 up_writer.write(head + body)
                 await up_writer.drain()
@@ -378,10 +380,10 @@ class FaultProxy:
                 await self._gate()
                 writer.write(status_head)
                 await writer.drain()
-                keep = await self._read_response_body(up_reader, status_fields, method, status, writer)
+                keep = await self._read_response_body(up_reader, status_fields, method, status, writer, seen)
             finally:
                 self._log(ProxyRecord(self.label, sent_at, method, path, query, status, answered_at, drop, held,
-                                      target, bound))
+                                      target, bound, seen["gone"] or status == 410))
             connection = (_get(fields, "Connection") or "").lower()
             if not keep or connection == "close" or (_get(status_fields, "Connection") or "").lower() == "close":
                 return
@@ -414,11 +416,13 @@ class FaultProxy:
         return b""
 
     async def _read_response_body(self, src: _Reader, fields: list[tuple[str, str]], method: str, status: int,
-                                  dst: asyncio.StreamWriter | None) -> bool:
+                                  dst: asyncio.StreamWriter | None, seen: dict[str, bool] | None = None) -> bool:
         """Stream a response body to `dst` (None: discard) as it comes; says whether the connection may be
-        kept."""
+        kept. `seen["gone"]` is set when a watch event says 410 Gone."""
 
         async def put(data: bytes) -> None:
+            if seen is not None and b'"code":410' in data:
+                seen["gone"] = True
             if dst is not None:
                 await self._gate()
                 dst.write(data)
