@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 export GPUPOOL_CACHE ?= $(HOME)/.cache/gpupool
 
 .PHONY: help venv simulate test test-unit test-e2e lint typecheck fmt bench bench-sim bench-deviceplugin \
-        bench-cluster-infra bench-cluster bench-extender proto cluster-bins cluster-up cluster-down demo demo-down clean
+        bench-cluster-infra bench-cluster bench-extender bench-quotas proto cluster-bins cluster-up cluster-down demo demo-down clean
 
 help: ## list every target with its description (the `## ` comment on its line)
 	@awk '/^[a-zA-Z][a-zA-Z0-9_-]*:([^=]|$$)/ { name = $$0; sub(/:.*/, "", name); \
@@ -47,7 +47,7 @@ fmt: $(VPY) ## ruff --fix: apply ruff's automatic fixes to src, tests and benchm
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 bench: $(VPY) ## all benchmarks: JSON + table in out/bench/
-	$(MAKE) bench-sim bench-deviceplugin bench-extender bench-cluster-infra bench-cluster
+	$(MAKE) bench-sim bench-deviceplugin bench-extender bench-quotas bench-cluster-infra bench-cluster
 
 bench-sim: $(VPY) ## simulator wall time per policy + per-decision cost at 1k/5k/20k nodes
 	$(VPY) -m benchmarks.bench_placement --out out/bench
@@ -57,6 +57,9 @@ bench-deviceplugin: $(VPY) ## device plugin ListAndWatch/Allocate latency and RS
 
 bench-extender: $(VPY) ## extender's added latency per pod (filter + prioritize + bind over HTTP), 100 / 1000 nodes
 	$(VPY) -m benchmarks.bench_extender --out out/bench
+
+bench-quotas: $(VPY) ## GpuQuota admission: a check (10k pods, 50 quotas) and a freed GPU (500 over-quota pods), vs the full rescan
+	$(VPY) -m benchmarks.bench_quotas --out out/bench
 
 bench-cluster-infra: $(VPY) cluster-bins ## 1000 fake GPU nodes + 10k pods: bring-up time and memory
 	$(VPY) -m benchmarks.bench_cluster_infra --out out/bench

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, start_wsgi_server
@@ -19,7 +21,7 @@ from waiting import eventually
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.preemption import RunningPod
-from gpupool_sched.placement.quota import Amount, Verdict
+from gpupool_sched.placement.quota import Amount, Verdict, admit
 from gpupool_sched.scheduler.kubeapi import KubeApi
 from gpupool_sched.scheduler.labelselector import LabelSelector
 from gpupool_sched.scheduler.podspec import PodPlan
@@ -425,6 +427,8 @@ class Service:
     async def run(self, limit: int = 100) -> int:
         """Decide for every pod the queue offers now (after their backoff, which the test skips)."""
         decided = 0
+        if not self.svc.recorder._tasks:
+            self.svc.recorder.start()
         self.svc.queue.flush()
         while decided < limit:
             self.svc.queue._flush_backoff(float("inf"))
@@ -450,7 +454,6 @@ def test_a_gang_binds_only_the_members_its_quota_admits() -> None:
     world = Service({"n1": "dgx-h100"}, (quota_obj("a", team_spec("a", 2)),), (ns_obj("ns-a", team="a"),))
 
     async def scenario() -> None:
-        world.svc.recorder.start()
         world.svc.on_pod_group("ADDED", gang_group("train", "ns-a", 2))
         world.add(*(service_pod(f"w-{i}", "ns-a", group="train") for i in range(4)))
         await world.run()
@@ -467,3 +470,103 @@ def test_a_gang_binds_only_the_members_its_quota_admits() -> None:
         await world.svc.recorder.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_freed_gpu_wakes_only_the_over_quota_pods_whose_quota_it_helps() -> None:
+    """Issue 16 A9: a GPU freed by team a wakes a's over-quota pods, not b's (b borrows nothing, so a's
+    usage is not b's room); a GPU freed outside every quota wakes no over-quota pod."""
+    world = Service({"n1": "dgx-h100", "n2": "dgx-h100"},
+                    (quota_obj("a", team_spec("a", 2)), quota_obj("b", team_spec("b", 2))),
+                    (ns_obj("ns-a", team="a"), ns_obj("ns-b", team="b"), ns_obj("free")))
+
+    async def scenario() -> None:
+        world.add(*(service_pod(f"{t}-run-{i}", f"ns-{t}", node="n1", scheduler="other")
+                    for t in "ab" for i in range(2)))
+        world.add(service_pod("free-run", "free", node="n2", scheduler="other"))
+        world.add(service_pod("a-wait", "ns-a"), service_pod("b-wait", "ns-b"))
+        await world.run()
+        queue = world.svc.queue
+        assert queue.where("uid-ns-a-a-wait") == queue.where("uid-ns-b-b-wait") == "unschedulable"
+        world.delete("free-run")  # not counted by any quota: helps no over-quota pod
+        assert queue.where("uid-ns-a-a-wait") == queue.where("uid-ns-b-b-wait") == "unschedulable"
+        world.delete("a-run-0")
+        assert queue.where("uid-ns-a-a-wait") in ("active", "backoff")
+        assert queue.where("uid-ns-b-b-wait") == "unschedulable"
+        await world.run()
+        assert world.api.bound() == ["a-wait"]
+
+    asyncio.run(scenario())
+
+
+# ---- the incremental usage equals a full recount, whatever the ledger does -------------------------------
+
+_TEAMS = ("ns-a", "ns-b", "ns-c", "free")
+
+
+def _ledger_pod(i: int, *, bound: bool) -> dict[str, Any]:
+    namespace = _TEAMS[i % len(_TEAMS)]
+    return service_pod(f"p{i}", namespace, gpus=1 + i % 3, node="n1" if bound else None,
+                       scheduler="other" if bound else "gpupool")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 11)), max_size=60))
+def test_incremental_usage_always_equals_a_full_recount(steps: list[tuple[int, int]]) -> None:
+    """Issue 16 A9: random sequences of assume / bind / confirm / forget / delete / preempt (victims turning
+    into holds) / quota and namespace changes: after every step, usage() (kept as the ledger changes)
+    equals recount() (the whole ledger counted again, as usage() did before)."""
+    from scheduler.test_state import bump, node_obj
+
+    state = ClusterState("gpupool")
+    state.apply_node(node_obj("n1", "dgx-h100"))
+    state.apply_node(node_obj("n2", "dgx-h100"))
+    book = QuotaBook(state)
+    for ns, team in (("ns-a", "a"), ("ns-b", "b"), ("ns-c", "c")):
+        book.on_namespace("ADDED", ns_obj(ns, team=team))
+    book.on_namespace("ADDED", ns_obj("free"))
+    book.on_quota("ADDED", quota_obj("a", team_spec("a", 4, 8)))
+    book.on_quota("ADDED", quota_obj("b", team_spec("b", 2, borrow=2)))
+    freed: list[str | None] = []
+    book.on_freed = freed.append
+    seen: dict[str, dict[str, Any]] = {}  # confirmed pods by uid, as the watch showed them
+    for op, i in steps:
+        pod_plan = plan(_TEAMS[i % len(_TEAMS)], f"q{i}", gpus=1 + i % 2, units=0)
+        uid = pod_plan.uid
+        before = book.usage()
+        if op == 0 and uid not in state.pods and not state.is_gone(uid):
+            state.assume(pod_plan, Placement("n2", tuple(range(i % 2 + 1)), 1000, 80 * GB))
+        elif op == 1:
+            state.mark_bound(uid)
+        elif op == 2:
+            state.forget(uid)
+        elif op == 3:  # another scheduler's pod seen bound (devices guessed), or seen again
+            obj = _ledger_pod(i, bound=True)
+            obj = seen.get(obj["metadata"]["uid"]) or obj
+            seen[obj["metadata"]["uid"]] = obj = bump(obj)
+            state.apply_pod(obj)
+        elif op == 4 and seen:  # a seen pod deleted (a victim turns into a hold when nominated)
+            victim = sorted(seen)[i % len(seen)]
+            state.apply_pod(bump(seen.pop(victim)), deleted=True)
+        elif op == 5:  # a preemptor nominated for n1's running pods
+            victims = [e.uid for e in state.entries("n1") if e.evicting_for is None and e.phase.value == "confirmed"]
+            if victims and f"pre-{i}" not in state.nominations:
+                state.nominate(f"pre-{i}", f"{_TEAMS[i % len(_TEAMS)]}/pre-{i}", "n1", 1000, victims[: 1 + i % 2],
+                               60.0)
+        elif op == 6 and state.nominations:  # a nomination ends (its holds released)
+            state.end_nomination(sorted(state.nominations)[i % len(state.nominations)])
+        elif op == 7:  # quotas and namespaces change: the usage is re-derived per quota
+            if i % 3 == 0:
+                book.on_namespace("MODIFIED", ns_obj("ns-c", team="a" if i % 2 else "c"))
+            elif i % 3 == 1:
+                book.on_quota("ADDED", quota_obj("c", team_spec("c", i % 4)))
+            else:
+                book.on_quota("DELETED", quota_obj("b", {}))
+        after = book.usage()
+        assert after == book.recount(), (op, i)
+        for namespace in _TEAMS:  # admit()'s O(1) cohort sums agree with its O(quotas) path
+            for ask in (Amount(1, 0), Amount(3, 0), Amount(0, 2)):
+                assert book.check_demand(namespace, ask) == admit(book.quotas(), after, ask, namespace)
+        dropped = {q for q in after.keys() & before.keys() if not before[q].within(after[q])}
+        if op != 7:
+            assert dropped <= set(freed), (op, i, dropped, freed)  # every drop was told
+        freed.clear()

@@ -42,6 +42,17 @@ class ClusterEvent(StrEnum):
     QUOTA_CHANGED = "QuotaChanged"  # a GpuQuota or a namespace's labels changed
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaFreed:
+    """What the team of GpuQuota `quota` uses dropped (None: any quota's, so the cohort has more to lend):
+    wakes only the over-quota pods waiting for that, not every over-quota pod on every freed GPU."""
+
+    quota: str | None
+
+
+Hint = ClusterEvent | QuotaFreed  # what a parked pod waits for
+
+
 @dataclass(slots=True)
 class QueuedPod:
     """A pending pod as the queue orders it; `payload` is the caller's (the queue never looks inside)."""
@@ -65,14 +76,14 @@ class _Entry:
     seq: int  # heap items with another seq are stale
     ready_at: float = 0.0  # end of the pod's backoff
     parked_at: float = 0.0
-    hints: frozenset[ClusterEvent] = frozenset()
+    hints: frozenset[Hint] = frozenset()
     flushable: bool = True
 
 
 @dataclass(slots=True)
 class _Flight:
     pod: QueuedPod
-    events: set[ClusterEvent] = field(default_factory=set)
+    events: set[Hint] = field(default_factory=set)
     changed: bool = False
 
 
@@ -100,7 +111,7 @@ class SchedulingQueue:
         self._active: list[tuple[int, float, str, int]] = []  # (-priority, created, uid, seq)
         self._backoff: list[tuple[float, int, str]] = []  # (ready_at, seq, uid)
         self._parked: dict[str, None] = {}  # flushable unschedulable pods, oldest parked first
-        self._by_hint: dict[ClusterEvent, set[str]] = {}
+        self._by_hint: dict[Hint, set[str]] = {}
         self._counts: Counter[tuple[str, int]] = Counter()  # (set, priority) -> pods
         self._sizes: Counter[str] = Counter()  # set -> pods
         self._seq = 0
@@ -185,7 +196,7 @@ class SchedulingQueue:
         if entry is not None:
             self._leave(entry)
 
-    def park(self, pod: QueuedPod, hints: Collection[ClusterEvent], *, flush: bool = True) -> None:
+    def park(self, pod: QueuedPod, hints: Collection[Hint], *, flush: bool = True) -> None:
         """The popped `pod` fits no node: wait for one of `hints` (empty: only for a change of the pod
         and, with `flush`, the safety-net flush). If the pod changed or one of `hints` happened while it
         was in flight, it goes to backoff instead. Ignored unless `pod` is in flight (deleted meanwhile)."""
@@ -231,7 +242,7 @@ class SchedulingQueue:
         """The popped pod needs no more scheduling (bound, or handed elsewhere)."""
         self._flight.pop(uid, None)
 
-    def on_event(self, event: ClusterEvent) -> int:
+    def on_event(self, event: Hint) -> int:
         """Unschedulable pods waiting for `event` go to backoff or active; returns how many moved."""
         for flight in self._flight.values():
             flight.events.add(event)

@@ -6,6 +6,9 @@ placement core's (placement/quota.py); this module only feeds them and reports.
     kopf on.event gpuquotas, namespaces ──▶ QuotaBook.on_quota / on_namespace
     ClusterState.pods (assumed, bound, confirmed) ──▶ usage per quota
     cycle ──▶ check(plan) → Verdict     reclaim(plan, running) → list[RunningPod]
+    ClusterState.watchers ──▶ _recount(entry): usage per namespace and per quota, kept as the ledger
+        changes (a check costs O(quotas), not O(pods)); a quota's usage dropping ──▶ on_freed(quota),
+        which wakes only the over-quota pods that wait for it (wake_hints)
     housekeeping ──▶ publish(api): status.used / borrowed / namespaces / conditions, gauges
 
 An invalid GpuQuota (unknown or misspelt fields, negative or non-integer amounts, a malformed
@@ -20,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +32,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from gpupool_sched.placement.preemption import RunningPod
 from gpupool_sched.placement.quota import (
     Amount,
+    Cohort,
     Quota,
     Verdict,
     admit,
@@ -40,9 +44,11 @@ from gpupool_sched.placement.quota import (
     reclaim_candidates,
     total,
 )
+from gpupool_sched.placement.quota import usage as count_usage
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi, now_rfc3339
 from gpupool_sched.scheduler.labelselector import LabelSelector
-from gpupool_sched.scheduler.state import ClusterState, Phase
+from gpupool_sched.scheduler.queue import ClusterEvent, Hint, QuotaFreed
+from gpupool_sched.scheduler.state import ClusterState, Phase, PodEntry
 
 if TYPE_CHECKING:
     from gpupool_sched.scheduler.podspec import PodPlan
@@ -56,6 +62,7 @@ OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _COUNTED = frozenset((Phase.ASSUMED, Phase.BOUND, Phase.CONFIRMED))  # not NOMINATED holds: they belong to no team yet
+VERIFY_EVERY = 60  # publish() calls (housekeeping: about a minute) between full recounts of the usage
 
 
 class InvalidQuota(ValueError):
@@ -198,10 +205,9 @@ class _Record:
     sent: dict[str, Any] | None = None  # status last written (None: write when it differs)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Held:
-    placement: Any
-    namespace: str
+    namespace: str  # whose quota it counts against
     amount: Amount
 
 
@@ -239,8 +245,19 @@ class QuotaBook:
         self.records: dict[str, _Record] = {}
         self.namespaces: dict[str, dict[str, str]] = {}  # name -> labels
         self._resolved: list[Quota] | None = None
-        self._held: dict[str, _Held] = {}
+        self._governing: dict[str, str] = {}  # namespace -> the quota that governs it (with _resolved)
+        self._used: dict[str, Amount] = {}  # valid quota -> what its namespaces hold (with _resolved)
+        self._cohort = Cohort({}, Amount(), Amount())  # admit()'s sums and owners (with _resolved, _used)
+        self._by_name: dict[str, Quota] = {}  # the valid quotas (with _resolved)
+        self._held: dict[str, _Held] = {}  # ledger UID -> what it counts (entries holding nothing: absent)
+        self._by_namespace: dict[str, Amount] = {}  # namespace -> what its entries hold
+        self.on_freed: Callable[[str | None], object] = lambda quota: None  # see _recount
+        self.recounts = 0  # verify() calls; drift repaired by them is logged
+        self._publishes = 0
         self.gauges = QuotaGauges(registry) if registry is not None else None
+        state.watchers.append(self._recount)
+        for entry in list(state.pods.values()):
+            self._recount(entry)
 
     # ---- watch events ---------------------------------------------------------------------------
     def on_quota(self, kind: str | None, obj: Mapping[str, Any]) -> None:
@@ -313,39 +330,96 @@ class QuotaBook:
                 chosen = frozenset(ns for ns, labels in self.namespaces.items() if selector.matches(labels))
                 out.append(Quota(record.name, chosen, record.spec.guaranteed, record.spec.borrowing_limit))
             self._resolved = out
+            self._governing = owners(out)
+            used = {q.name: Amount() for q in out}
+            for namespace, amount in self._by_namespace.items():
+                name = self._governing.get(namespace)
+                if name is not None:
+                    used[name] += amount
+            self._used = used
+            self._by_name = by_name = {q.name: q for q in out}
+            self._cohort = Cohort({ns: by_name[name] for ns, name in self._governing.items()},
+                                  total(q.guaranteed for q in out), total(used.values()))
         return self._resolved
 
     def usage(self) -> dict[str, Amount]:
-        """What each valid quota's namespaces hold now, from the ledger (assumed, bound, confirmed)."""
-        quotas = self.quotas()
-        out = {q.name: Amount() for q in quotas}
-        if not quotas:
-            return out
-        governing = owners(quotas)
+        """What each valid quota's namespaces hold now (assumed, bound, confirmed), kept up to date as the
+        ledger changes (`_recount`): O(quotas), not a scan of the ledger."""
+        self.quotas()
+        return dict(self._used)
+
+    def recount(self) -> dict[str, Amount]:
+        """`usage()` counted afresh from the whole ledger, O(pods): the reference the incremental count
+        is tested and checked (`verify`) against."""
         unit = self.state.memory_unit_mib
-        held = self._held
-        gpus: dict[str, int] = dict.fromkeys(out, 0)
-        units: dict[str, int] = dict.fromkeys(out, 0)
-        counted = _COUNTED
-        seen = 0
-        for uid, entry in self.state.pods.items():
-            if entry.phase not in counted:
-                continue
-            seen += 1
-            cached = held.get(uid)
-            if cached is None or cached.placement is not entry.placement:
-                cached = held[uid] = _Held(entry.placement, entry.key.partition("/")[0],
-                                           held_by(entry.placement, unit))
-            name = governing.get(cached.namespace)
-            if name is not None:
-                amount = cached.amount
-                gpus[name] += amount.gpus
-                units[name] += amount.memory_units
-        if len(held) > seen:
-            pods = self.state.pods
-            for uid in [u for u in held if u not in pods or pods[u].phase not in counted]:
-                del held[uid]
-        return {name: Amount(gpus[name], units[name]) for name in out}
+        return count_usage(self.quotas(), ((_namespace_of(e), held_by(e.placement, unit))
+                                           for e in self.state.pods.values() if e.phase in _COUNTED))
+
+    def verify(self) -> bool:
+        """Recount the whole ledger; a difference from the incremental usage (a ledger change that bypassed
+        ClusterState's watchers) is logged and repaired. True when there was none."""
+        self.recounts += 1
+        expected = self.recount()
+        if expected == self.usage():
+            return True
+        log.warning("GpuQuota usage drifted from the ledger (kept %s, counted %s); repaired", self.usage(), expected)
+        self._held.clear()
+        self._by_namespace.clear()
+        self._resolved = None
+        for entry in list(self.state.pods.values()):
+            self._recount(entry)
+        self.quotas()
+        return False
+
+    def _recount(self, entry: PodEntry) -> None:
+        """ClusterState's watcher: `entry` joined or left the ledger, or what it holds changed. Moves its
+        amount between the namespace and quota totals; a quota whose usage dropped is told to `on_freed`
+        (then None: the cohort has more room to lend)."""
+        uid = entry.uid
+        old = self._held.pop(uid, None)
+        new: _Held | None = None
+        if self.state.pods.get(uid) is entry and entry.phase in _COUNTED:
+            amount = held_by(entry.placement, self.state.memory_unit_mib)
+            if not amount.is_zero:
+                new = self._held[uid] = _Held(_namespace_of(entry), amount)
+        if old == new:
+            return
+        self.quotas()  # _governing and _used current
+        touched = {name for h in (old, new) if h is not None and (name := self._governing.get(h.namespace))}
+        before = {name: self._used[name] for name in touched}
+        cohort_used = self._cohort.used
+        if old is not None:
+            self._by_namespace[old.namespace] = self._by_namespace.get(old.namespace, Amount()) - old.amount
+            if (name := self._governing.get(old.namespace)) is not None:
+                self._used[name] -= old.amount
+                cohort_used -= old.amount
+        if new is not None:
+            self._by_namespace[new.namespace] = self._by_namespace.get(new.namespace, Amount()) + new.amount
+            if (name := self._governing.get(new.namespace)) is not None:
+                self._used[name] += new.amount
+                cohort_used += new.amount
+        if touched:
+            self._cohort = replace(self._cohort, used=cohort_used)
+        freed = sorted(name for name in touched if not before[name].within(self._used[name]))
+        for name in freed:
+            self.on_freed(name)
+        if freed:
+            self.on_freed(None)
+
+    def wake_hints(self, verdict: Verdict) -> tuple[Hint, ...]:
+        """What may admit a pod `verdict` refused: its quota changing, its team's usage dropping and, where
+        the cohort's room (not the team's borrowing limit) is what it lacks, any team's usage dropping."""
+        hints: list[Hint] = [ClusterEvent.QUOTA_CHANGED]
+        self.quotas()
+        quota = self._by_name.get(verdict.quota or "")
+        if quota is None:
+            return tuple(hints)
+        hints.append(QuotaFreed(quota.name))
+        limit, over, borrowing = quota.borrowing_limit, verdict.over, verdict.borrowed
+        if (over.gpus and borrowing.gpus <= limit.gpus) or \
+                (over.memory_units and borrowing.memory_units <= limit.memory_units):
+            hints.append(QuotaFreed(None))
+        return tuple(hints)
 
     # ---- what the cycle asks --------------------------------------------------------------------
     def check(self, plan: PodPlan) -> Verdict:
@@ -394,12 +468,13 @@ class QuotaBook:
         quotas = self.quotas()
         if not quotas or demand.is_zero:
             return Verdict(True)
-        used = self.usage()
+        used, cohort = self._used, self._cohort
         if running is not None and not running.is_zero:
-            name = owners(quotas).get(namespace)
+            name = self._governing.get(namespace)
             if name is not None:
                 used = {**used, name: used.get(name, Amount()) + running}
-        return admit(quotas, used, demand, namespace)
+                cohort = replace(cohort, used=cohort.used + running)
+        return admit(quotas, used, demand, namespace, cohort=cohort)
 
     def reclaim(self, plan: PodPlan, running: Iterable[RunningPod]) -> list[RunningPod]:
         """Borrowed pods that may be preempted so that `plan`'s team gets its guaranteed GPUs back, in
@@ -465,7 +540,11 @@ class QuotaBook:
 
     async def publish(self, api: KubeApi) -> int:
         """Write the status of every quota whose status differs from what it shows; update the gauges.
-        Returns how many were written. A failed write is logged and retried on the next call."""
+        Returns how many were written. A failed write is logged and retried on the next call. Every
+        VERIFY_EVERY calls, the usage is first checked against a full recount of the ledger."""
+        self._publishes += 1
+        if self._publishes % VERIFY_EVERY == 0:
+            self.verify()
         used = self.usage()
         self._set_gauges(used)
         written = 0
@@ -515,6 +594,11 @@ class QuotaBook:
         if not keep_valid:
             with contextlib.suppress(KeyError):
                 g.valid.remove(name)
+
+
+def _namespace_of(entry: PodEntry) -> str:
+    """The namespace whose quota a ledger entry counts against."""
+    return entry.key.partition("/")[0]
 
 
 def _amount_json(amount: Amount) -> dict[str, int]:

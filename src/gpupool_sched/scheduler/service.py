@@ -46,7 +46,7 @@ from gpupool_sched.scheduler.preemptor import (
     may_preempt,
     running_pods,
 )
-from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, SchedulingQueue
+from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, QuotaFreed, SchedulingQueue
 from gpupool_sched.scheduler.quotas import QuotaBook
 from gpupool_sched.scheduler.recorder import EventRecorder, says_unschedulable
 from gpupool_sched.scheduler.state import ClusterState, Phase
@@ -57,7 +57,6 @@ log = logging.getLogger(__name__)
 UNSCHEDULABLE_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED, ClusterEvent.GPU_FREED,
                        ClusterEvent.BUDGET_RELAXED)
 NOT_YET_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED)  # unknown model / profile, too big a share
-OVER_QUOTA_HINTS = (ClusterEvent.GPU_FREED, ClusterEvent.QUOTA_CHANGED)  # its team's usage drops, quotas change
 PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
 PDBS = "/apis/policy/v1/poddisruptionbudgets"
 CYCLE_SLICE_S = 0.005
@@ -140,6 +139,7 @@ class SchedulerService:
         self._pending: dict[str, dict[str, Any]] = {}  # uid -> latest object of our pending pods
         self.gangs = Gangs()
         self.quotas = QuotaBook(self.state, self.metrics.registry)
+        self.quotas.on_freed = lambda quota: self.queue.on_event(QuotaFreed(quota))  # over-quota pods: wake_hints
         self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
         self._ended: dict[str, str] = {}  # UID -> Succeeded/Failed, for gang members (PodGroup status)
         self._node_gauges: dict[str, tuple[Any, Any]] = {}  # node -> its gpus_bound, memory_units_bound children
@@ -373,7 +373,7 @@ class SchedulerService:
         verdict = self.quotas.check(plan)
         if not verdict.ok:
             self.metrics.attempts.labels(result="unschedulable").inc()
-            self.queue.park(item, OVER_QUOTA_HINTS)
+            self.queue.park(item, self.quotas.wake_hints(verdict))
             self._report_unschedulable(obj, verdict.message)
             return
         preempts = may_preempt(obj, self.state.non_preempting_classes)
@@ -445,7 +445,7 @@ class SchedulerService:
         if verdict is not None and not verdict.ok:
             for member, member_item in zip(plans[admitted:], items[admitted:], strict=True):
                 self.metrics.attempts.labels(result="unschedulable").inc()
-                self.queue.park(member_item, OVER_QUOTA_HINTS)
+                self.queue.park(member_item, self.quotas.wake_hints(verdict))
                 if (member_obj := self._pending.get(member.uid)) is not None:
                     self._report_unschedulable(member_obj, f"PodGroup {key}: {verdict.message}")
             if not admitted:
@@ -511,8 +511,6 @@ class SchedulerService:
             plan = outcome.plan
             self.recorder.scheduled(plan.namespace, plan.name, plan.uid, outcome.node)
 
-    def _report_unschedulable(self, obj: dict[str, Any], message: str) -> None:
-        meta = obj.get("metadata") or {}
     def _unbound(self, uid: str) -> None:
         """A pod read unbound after its Binding's outcome was unknown: back to the queue."""
         obj = self._pending.get(uid)
@@ -524,6 +522,8 @@ class SchedulerService:
             namespace, _, name = entry.key.partition("/")
             self.binder.verify(entry.uid, entry.key, namespace, name, entry.node, None)
 
+    def _report_unschedulable(self, obj: dict[str, Any], message: str) -> None:
+        meta = obj.get("metadata") or {}
         ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
         log.info("pod %s/%s: %s", ns, name, message)
         self.recorder.unschedulable(ns, name, uid, message, condition=not says_unschedulable(obj, message))

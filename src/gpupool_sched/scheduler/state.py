@@ -170,6 +170,8 @@ class ClusterState:
         self.non_preempting_classes: set[str] = set()  # PriorityClasses with preemptionPolicy: Never
         self.preemptions: dict[str, int] = {}  # pending pod UID -> preemptions it started (a storm bound)
         self._nominated_on: dict[str, str] = {}  # preemptor UID -> node of its latest nomination, ours or adopted
+        # called with an entry whenever it joins or leaves `pods` or what it holds changes (QuotaBook's usage)
+        self.watchers: list[Callable[[PodEntry], None]] = []
 
     # ---- facts for planning pods ----------------------------------------------------------------
     @property
@@ -248,6 +250,7 @@ class ClusterState:
             if entry.unresolved is not None:
                 obj, entry.unresolved = entry.unresolved, None
                 entry.request, entry.placement = self._holding(obj, view.name, view, *_handshake(obj, uid))
+                self._tell(entry)
             self._apply(entry)
         if old is None:
             return ClusterEvent.NODE_ADDED
@@ -341,6 +344,7 @@ class ClusterState:
             entry.gate_since = self.clock()  # e.g. after a restart: still waiting for the plugin
             self._occupy(entry, entry.shapes)
         self.pods[uid] = entry
+        self._tell(entry)
         self.by_node[node].add(uid)
         self._apply(entry)
         if entry.evicting_for == TERMINATING:
@@ -401,6 +405,7 @@ class ClusterState:
                  entry.key, _devices(placement), _devices(entry.placement))
         self._unapply(entry)
         entry.request, entry.placement = request, placement
+        self._tell(entry)
         self._apply(entry)
 
     # ---- pods: the cycle --------------------------------------------------------------------------
@@ -413,6 +418,7 @@ class ClusterState:
         self.preemptions.pop(plan.uid, None)
         entry = PodEntry(plan.uid, plan.key, placement.node, plan.request, placement, Phase.ASSUMED, True, self.clock())
         self.pods[plan.uid] = entry
+        self._tell(entry)
         self.by_node[placement.node].add(plan.uid)
         self._apply(entry)
         if self.needs_gate(placement.node):
@@ -492,11 +498,17 @@ class ClusterState:
                 nomination.victims.discard(uid)
         return entry
 
+    def _tell(self, entry: PodEntry) -> None:
+        """`entry` joined or left `pods`, or what it holds changed: the watchers recount it."""
+        for watcher in self.watchers:
+            watcher(entry)
+
     def _unlink(self, uid: str) -> PodEntry | None:
         """Take the entry out of the ledger, its gate and the gate load; its accounting is the caller's."""
         entry = self.pods.pop(uid, None)
         if entry is None:
             return None
+        self._tell(entry)
         self._occupy(entry, frozenset())
         uids = self.by_node.get(entry.node)
         if uids is not None:
@@ -668,6 +680,7 @@ class ClusterState:
         self.pods[entry.uid] = entry
         self.by_node[entry.node].add(entry.uid)
         nomination.holds.add(entry.uid)
+        self._tell(entry)
         return True
 
     def expire(self) -> list[PodEntry]:
@@ -700,6 +713,7 @@ class ClusterState:
         if not _fits_layout(entry.placement, spec):
             log.warning("pod %s holds devices node %s no longer has; accounting it without GPUs", entry.key, spec.name)
             entry.request, entry.placement = _without_gpus(entry.request), Placement(node=entry.node)
+            self._tell(entry)
         self.snapshot.assume(entry.request, entry.placement)
         entry.applied = True
         self._applied_priorities[entry.request.priority] += 1
