@@ -7,7 +7,9 @@ made so far, and answers:
   claim()      the one container a set of allocated device IDs belongs to, checked against the node;
   commit()     record it and return the ack to write on the pod;
   tenancy()    per GPU, the pods holding it whole and the pods sharing it (drives device health);
-  reconcile()  correct the allocations from what the kubelet says running containers hold (PodResources).
+  reconcile()  correct the allocations from what the kubelet says running containers hold (PodResources);
+  unconfirmed() the allocations committed that the kubelet's records have not shown yet (checked after
+               each Allocate, within a window, so that an ack the kubelet contradicts is corrected soon).
 
 Which pod a kubelet call is for (same-shape pods, see docs/handshake.md): the kubelet admits pods one at a
 time in the order their binds reach it, so the pod watch's order of binds (resourceVersion) is the
@@ -20,6 +22,7 @@ No I/O here; the caller feeds pod records and kubelet pod lists and writes acks.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -109,6 +112,7 @@ class Reconciliation:
     corrections: tuple[Correction, ...] = ()
     acks: tuple[tuple[PodRecord, AllocationAck], ...] = ()  # corrected acks to write
     unknown_pods: tuple[str, ...] = ()  # kubelet pods holding our devices that the pod watch has not shown
+    confirmed: tuple[tuple[str, float], ...] = ()  # (pod, seconds since its Allocate): now in the kubelet's records
 
 
 @dataclass
@@ -121,7 +125,7 @@ class _Candidate:
 
 class AdmissionBook:
     def __init__(self, node: str, resources: Sequence[ResourceSpec], unit_mib: int | None,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.node = node
         self.unit_mib = unit_mib
         self._resources = {r.name: r for r in resources}
@@ -136,6 +140,11 @@ class AdmissionBook:
         self._tombstones: dict[str, tuple[int, str]] = {}
         self._listed_rv: int | None = None  # resourceVersion of the newest full list applied
         self._refused: set[str] = set()  # pods whose Allocate was refused: the kubelet rejects them
+        # pod uid -> (container, resource) -> when its Allocate was committed: not yet in the kubelet's
+        # records (PodResources lists a container's devices once its Allocate returned)
+        self._unconfirmed: dict[str, dict[tuple[str, str], float]] = {}
+        self._clock = clock
+        self._on_allocated: Callable[[], None] | None = None
         self._on_change = on_change
         self._generation = 0  # counts changes: a caller can tell whether the book moved since it looked
         self.synced = False
@@ -231,6 +240,7 @@ class AdmissionBook:
     def _forget(self, uid: str) -> None:
         self._arrival.pop(uid, None)
         self._refused.discard(uid)
+        self._unconfirmed.pop(uid, None)
 
     @property
     def generation(self) -> int:
@@ -484,9 +494,46 @@ class AdmissionBook:
             if pod is None:  # deleted while its Allocate ran: nothing to hold, nobody to tell
                 return None
             self._alloc.setdefault(pod.uid, {}).setdefault(claim.container, {})[claim.resource] = claim.ids
+            spec = self._container(pod, claim.container)
+            if self._on_allocated is not None and (not spec.init or spec.sidecar):  # someone checks them;
+                # PodResources does not list non-restartable init containers
+                self._unconfirmed.setdefault(pod.uid, {})[(claim.container, claim.resource)] = self._clock()
             ack = self._ack_locked(pod)
+            notify = self._on_allocated
         self._changed()
+        if notify is not None:
+            notify()
         return ack
+
+    # -- checking allocations against the kubelet's records --------------------------------------
+    def on_allocated(self, callback: Callable[[], None] | None) -> None:
+        """`callback()` after each committed allocation (outside the book's lock): time to check it."""
+        with self._lock:
+            self._on_allocated = callback
+
+    def unconfirmed(self) -> int:
+        """Allocations (container, resource) committed that no kubelet pod list has shown yet."""
+        with self._lock:
+            live = {p.uid for p in self._live()}
+            return sum(len(v) for uid, v in self._unconfirmed.items() if uid in live)
+
+    def expire_unconfirmed(self, window_s: float) -> list[str]:
+        """Stop waiting for allocations committed more than `window_s` ago; returns them as
+        "namespace/name container resource" (the periodic reconciliation still covers them)."""
+        now = self._clock()
+        expired: list[str] = []
+        with self._lock:
+            for uid in list(self._unconfirmed):
+                pending = self._unconfirmed[uid]
+                pod = self._pods.get(uid)
+                for key, since in list(pending.items()):
+                    if pod is None or pod.terminal or now - since > window_s:
+                        del pending[key]
+                        if pod is not None and not pod.terminal:
+                            expired.append(f"{pod.key} {key[0]} {key[1]}")
+                if not pending:
+                    del self._unconfirmed[uid]
+        return expired
 
     def failure_ack(self, claim_pod: PodRecord, message: str) -> AllocationAck:
         with self._lock:
@@ -551,9 +598,27 @@ class AdmissionBook:
                                                           "held_by_other", ids, ()))
                             touched.add(uid)
             acks = tuple((self._pods[uid], self._ack_locked(self._pods[uid])) for uid in sorted(touched))
+            confirmed = self._confirm_locked(truth)
         if corrections:
             self._changed()
-        return Reconciliation(tuple(corrections), acks, tuple(sorted(set(unknown))))
+        return Reconciliation(tuple(corrections), acks, tuple(sorted(set(unknown))), confirmed)
+
+    def _confirm_locked(self, truth: Mapping[tuple[str, str, str], tuple[str, ...]]) -> tuple[tuple[str, float], ...]:
+        """Allocations the kubelet's records now show (and the book now equals): no longer unconfirmed."""
+        now = self._clock()
+        confirmed: list[tuple[str, float]] = []
+        for uid in list(self._unconfirmed):
+            pending = self._unconfirmed[uid]
+            seen = [key for key in pending if (uid, *key) in truth]
+            if seen:
+                oldest = min(pending[key] for key in seen)
+                for key in seen:
+                    del pending[key]
+                if not pending:
+                    del self._unconfirmed[uid]
+                    pod = self._pods.get(uid)
+                    confirmed.append((pod.key if pod is not None else uid, now - oldest))
+        return tuple(confirmed)
 
     # -- tenancy ---------------------------------------------------------------------------------
     def tenancy(self) -> Tenancy:

@@ -55,6 +55,10 @@ class PluginMetrics:
         self.reconcile_corrections = Counter(f"{NS}_reconcile_corrections_total",
                                              "Allocation records corrected to what the kubelet reports", ["kind"],
                                              registry=r)
+        self.allocation_checks = Counter(f"{NS}_allocation_checks_total",
+                                         "Allocations checked against the kubelet's PodResources records after "
+                                         "Allocate: confirmed (corrected first if they differed), or unconfirmed "
+                                         "within the check window", ["result"], registry=r)
         self.kubelet_restarts = Counter(f"{NS}_kubelet_restarts_total", "kubelet.sock re-creations seen",
                                         registry=r)
         self.registered = Gauge(f"{NS}_registered", "1 while the resource is registered with the running "

@@ -6,6 +6,12 @@ Allocate tells the plugin when devices are taken, never by whom for sure nor whe
 kubelet's own records are the truth. The same List also tells which pod the kubelet is admitting (the
 pod it has but whose containers wait for devices), which the allocator asks for when several pending
 pods have the same request shape.
+
+After each Allocate the reconciler checks the kubelet's records within a bound: it lists them every
+CHECK_INTERVAL_S while an allocation is not yet shown there, for CHECK_WINDOW_S after that Allocate. So an
+ack written from a guess (several same-shape pods pending while PodResources did not answer, and the
+kubelet admitting them in another order than the plugin assumed) is corrected by the first List that
+answers after the kubelet recorded the allocation; past the window, by the periodic reconciliation.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ log = logging.getLogger(__name__)
 SOCKET_ENV = "GPUPOOL_POD_RESOURCES_SOCKET"  # a path, or "" to not use the API
 PERIOD_ENV = "GPUPOOL_RECONCILE_PERIOD_S"
 DEFAULT_PERIOD_S = 30.0
+CHECK_INTERVAL_S = 0.1  # the kubelet's List after an Allocate, every 100 ms (10/s; its rate limit is 100/s)...
+CHECK_WINDOW_S = 10.0   # ...until the kubelet's records show the allocation, for at most 10 s after it
 
 
 class PodResourcesUnavailable(RuntimeError):
@@ -98,25 +106,35 @@ class Reconciler:
 
     def __init__(self, book: AdmissionBook, client: PodResourcesClient, acks: AckSink | None,
                  metrics: PluginMetrics, resources: Sequence[ResourceSpec], period_s: float,
-                 on_availability: Callable[[bool], None] | None = None) -> None:
+                 on_availability: Callable[[bool], None] | None = None, *,
+                 check_interval_s: float = CHECK_INTERVAL_S, check_window_s: float = CHECK_WINDOW_S) -> None:
         self.book = book
         self.client = client
         self.acks = acks
         self.metrics = metrics
         self.period_s = period_s
+        self.check_interval_s = check_interval_s
+        self.check_window_s = check_window_s
         self._served = {r.name: frozenset(r.by_id()) for r in resources}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-resources", daemon=True)
+        self._allocated = threading.Event()
+        self._checker = threading.Thread(target=self._check_allocations, name="pod-resources-check", daemon=True)
         self._available: bool | None = None  # last state logged
         self.on_availability = on_availability  # called when the API starts or stops answering
         self._unknown_logged: set[tuple[str, frozenset[str]]] = set()
 
     def start(self) -> None:
+        self.book.on_allocated(self._allocated.set)
         self._thread.start()
+        self._checker.start()
 
     def stop(self) -> None:
+        self.book.on_allocated(None)
         self._stop.set()
+        self._allocated.set()
         self._thread.join(timeout=5)
+        self._checker.join(timeout=5)
         self.client.close()
 
     def pods(self, purpose: str) -> list[KubeletPod] | None:
@@ -145,6 +163,10 @@ class Reconciler:
         return True
 
     def apply(self, result: Reconciliation) -> None:
+        for key, after_s in result.confirmed:
+            self.metrics.allocation_checks.labels(result="confirmed").inc()
+            log.debug("PodResources: the kubelet's records show pod %s's allocations (%.3fs after Allocate)",
+                      key, after_s)
         for c in result.corrections:
             self.metrics.reconcile_corrections.labels(kind=c.kind).inc()
             log.warning("PodResources: pod %s container %s holds %s %s per the kubelet, the plugin had %s "
@@ -182,6 +204,28 @@ class Reconciler:
             log.warning("PodResources API not available (%s): same-shape pods are told apart by the order of "
                         "their binds only, and allocations are not cross-checked (mount the kubelet's "
                         "pod-resources directory, see docs/deviceplugin.md)", why)
+
+    def _check_allocations(self) -> None:
+        """After each Allocate: list the kubelet's pods every `check_interval_s` while an allocation is not in
+        its records yet (its Allocate may not have returned to the kubelet yet; PodResources may not answer),
+        for at most `check_window_s` after that Allocate. Each List reconciles, which corrects the record and
+        ack of a pod the kubelet allocated other devices than the plugin credited it with."""
+        while not self._stop.is_set():
+            self._allocated.wait()
+            self._allocated.clear()
+            while not self._stop.wait(self.check_interval_s):
+                for what in self.book.expire_unconfirmed(self.check_window_s):
+                    self.metrics.allocation_checks.labels(result="unconfirmed").inc()
+                    log.warning("PodResources: the kubelet's records did not show %s within %.0fs of its Allocate; "
+                                "left to the periodic reconciliation (every %.0fs)", what, self.check_window_s,
+                                self.period_s)
+                if not self.book.unconfirmed():
+                    break
+                try:
+                    self.pods("check")
+                except Exception as exc:  # never let the loop die
+                    self.metrics.pod_resources_calls.labels(purpose="check", result="error").inc()
+                    log.warning("PodResources check after Allocate failed: %s", exc)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):

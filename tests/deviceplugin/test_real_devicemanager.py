@@ -9,6 +9,7 @@ The harness is built by `make cluster-bins`; without it these tests fail with th
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from deviceplugin.kubelet_harness import (
     harness_binary,
 )
 from deviceplugin.pods import assignment
-from gpupool_common.handshake import AllocationAck, parse_ack
+from gpupool_common.handshake import AllocationAck, parse_ack, parse_assignment
 from gpupool_common.inventory import INVENTORY_ANNOTATION, NodeInventory, parse_inventory
 from gpupool_deviceplugin.api.podresources.v1 import api_pb2 as pr_pb2
 from gpupool_deviceplugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
@@ -359,3 +360,155 @@ def test_pod_resources_of_the_real_kubelet(node: Node, harness: KubeletHarness, 
     harness.restart(sources_ready=True)
     harness.wait(capacity={GPU: 4, MEM: 4 * node.units_per_gpu}, registrations={GPU: 2, MEM: 2})
     assert pod_resources(harness)[0]["whole"] == {"t": {GPU: {u[2], u[3]}}}
+
+
+# -- same-shape pods bound out of age order (issue 16, A11) ----------------------------------------------------
+CHECK_BOUND_S = 5.0  # an ack the kubelet contradicts is corrected well within this (docs/handshake.md)
+
+
+class PodResourcesLink:
+    """The plugin's path to the kubelet's PodResources socket, a symlink the test can cut (the API does not
+    answer the plugin: a kubelet restarting, its rate limit spent by other clients) and restore."""
+
+    def __init__(self, target: Path, link: Path) -> None:
+        self.target, self.link = target, link
+        self.restore()
+
+    def cut(self) -> None:
+        self.link.unlink(missing_ok=True)
+
+    def restore(self) -> None:
+        if not self.link.is_symlink():
+            self.link.symlink_to(self.target)
+
+
+@pytest.fixture
+def linked_harness(kubelet_dir: Path, tmp_path: Path,
+                   monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[KubeletHarness, PodResourcesLink]]:
+    """The real device manager with its PodResources API, which plugins started after it reach through a
+    link the test can cut. No periodic reconciliation within a test: corrections must come from the check
+    after admission."""
+    with tempfile.TemporaryDirectory(prefix="gpr-") as pr:
+        socket = Path(pr) / "kubelet.sock"
+        link = PodResourcesLink(socket, Path(pr) / "plugin.sock")
+        monkeypatch.setenv("GPUPOOL_POD_RESOURCES_SOCKET", str(link.link))
+        monkeypatch.setenv("GPUPOOL_RECONCILE_PERIOD_S", "3600")
+        h = KubeletHarness(kubelet_dir, tmp_path / "kubelet-harness.log", pod_resources=socket).start()
+        yield h, link
+        h.close()
+
+
+def held_by_scheduler(node: Node, names: list[str]) -> dict[str, dict[str, set[str]]]:
+    """What gpupool's scheduler accounts for each pod (state.py follows a complete ack, else the
+    assignment): {pod: {"whole": GPU UUIDs, "units": memory unit IDs, "shared": GPU UUIDs}}."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for name in names:
+        meta = node.core.read_namespaced_pod(name, node.ns).metadata
+        ack = parse_ack(meta.annotations)
+        held: dict[str, set[str]] = {"whole": set(), "units": set(), "shared": set()}
+        if ack is not None and ack.complete and not ack.error:
+            for by_resource in ack.containers.values():
+                held["whole"] |= set(by_resource.get(GPU, ()))
+                held["units"] |= set(by_resource.get(MEM, ()))
+            held["shared"] = {gpu_of([u]) for u in held["units"]}
+        else:
+            plan = parse_assignment(meta.annotations)
+            assert plan is not None, f"pod {name}: neither a complete ack nor an assignment"
+            for ca in plan.containers:
+                held["whole"] |= set(ca.devices.get(GPU, ()))
+                if ca.memory is not None:
+                    held["shared"].add(ca.memory.gpu)
+        out[name] = held
+    return out
+
+
+def audit(node: Node, names: list[str]) -> None:
+    """The double-allocation audit: no GPU held whole by two pods, no memory unit in two pods, no GPU both
+    held whole and shared."""
+    held = held_by_scheduler(node, names)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not held[a]["whole"] & held[b]["whole"], f"pods {a} and {b} both hold {held[a]['whole']}"
+            assert not held[a]["units"] & held[b]["units"], f"pods {a} and {b} share memory units"
+            assert not held[a]["whole"] & held[b]["shared"] and not held[b]["whole"] & held[a]["shared"], \
+                f"pods {a} and {b}: one GPU held whole and shared"
+
+
+@e2e
+@pytest.mark.parametrize("answering", [True, False], ids=["pod_resources", "pod_resources_cut"])
+@pytest.mark.parametrize("order", ["bind", "creation"])
+@pytest.mark.parametrize("kind", ["memory", "whole"])
+def test_same_shape_pods_bound_out_of_age_order_get_acks_the_kubelet_confirms(
+        kube, node: Node, linked_harness: tuple[KubeletHarness, PodResourcesLink], start_plugin,
+        kind: str, order: str, answering: bool) -> None:
+    """Pods "old" (assigned GPU 0) and "new" (GPU 1), same request shape, created old -> new and bound
+    new -> old, admitted by the real device manager in bind order (binds reaching the kubelet one by one) or
+    in creation order (one update: HandlePodAdditions sorts by creation time). Where the plugin cannot ask
+    the kubelet which pod it is admitting (PodResources cut during admission), it guesses by bind order:
+    wrong in creation order, so the two pods swap GPUs and both first acks repeat the assignments. Once
+    PodResources answers, every ack must say what the kubelet allocated, within CHECK_BOUND_S, and the
+    scheduler-side audit must hold."""
+    harness, link = linked_harness
+    plugin = start_plugin("l40s-pcie", node=node.name, kubeconfig=kube.kubeconfig)
+    harness.wait(capacity={GPU: 4, MEM: 4 * node.units_per_gpu}, registrations={GPU: 1, MEM: 1}, timeout=30)
+    plugin.wait_log(r"PodResources API at \S+ answers")
+    u = node.uuids
+    resource, size = (MEM, 5) if kind == "memory" else (GPU, 1)
+
+    def plan(gpu: int) -> dict[str, dict[str, Any]]:
+        return {"m": {"memory": (u[gpu], size, UNIT_MIB)}} if kind == "memory" else {"m": {"devices": {GPU: [u[gpu]]}}}
+
+    limits = client.V1ResourceRequirements(limits={resource: str(size)})
+    body = {n: client.V1Pod(metadata=client.V1ObjectMeta(name=n), spec=client.V1PodSpec(
+        scheduler_name="nobody", containers=[client.V1Container(name="m", image="busybox", resources=limits)]))
+        for n in ("old", "new")}
+    uid = {"old": node.core.create_namespaced_pod(node.ns, body["old"]).metadata.uid}
+    time.sleep(1.1)  # creationTimestamp has one-second resolution
+    uid["new"] = node.core.create_namespaced_pod(node.ns, body["new"]).metadata.uid
+    for name, gpu in (("new", 1), ("old", 0)):
+        node.core.create_namespaced_binding(node.ns, client.V1Binding(
+            metadata=client.V1ObjectMeta(name=name, annotations=assignment(node.name, uid[name], plan(gpu))),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node.name)), _preload_content=False)
+    # the plugin has seen both binds: GPUs 0 and 1 changed form in the kubelet's view
+    if kind == "memory":
+        eventually(lambda: harness.capacity().healthy[GPU] == {u[2], u[3]}, what="GPUs 0 and 1 shared")
+    else:
+        eventually(lambda: not harness.capacity().healthy[MEM] & (node.units(0) | node.units(1)),
+                   what="GPUs 0 and 1 held whole")
+    if not answering:
+        link.cut()
+    pods = {n: node.read(n) for n in ("old", "new")}
+    sequence = ("new", "old") if order == "bind" else ("old", "new")
+    got = {n: set(admitted(harness.admit(pods[n]))["m"].devices[resource]) for n in sequence}
+    link.restore()
+    if order == "creation" and not answering:  # the case the issue saw: a guess by bind order, a swap
+        assert {n: gpu_of(list(g)) if kind == "memory" else next(iter(g)) for n, g in got.items()} == \
+            {"old": u[1], "new": u[0]}, "the guess by bind order did not swap the pods"
+    else:  # the kubelet followed the assignments
+        assert {n: gpu_of(list(g)) if kind == "memory" else next(iter(g)) for n, g in got.items()} == \
+            {"old": u[0], "new": u[1]}
+
+    def acks_confirmed() -> bool:
+        listed, _ = pod_resources(harness)
+        for n in ("old", "new"):
+            ack = node.ack(n)
+            if ack is None or not ack.complete or ack.error:
+                return False
+            if {c: {r: set(ids) for r, ids in by_r.items()} for c, by_r in ack.containers.items()} != listed[n] or \
+                    listed[n] != {"m": {resource: got[n]}}:
+                return False
+        return True
+
+    start = time.monotonic()
+    try:
+        eventually(acks_confirmed, timeout=CHECK_BOUND_S, what="every ack equal to what PodResources lists")
+    except AssertionError:
+        listed, _ = pod_resources(harness)
+        raise AssertionError(f"acks {[node.ack(n) for n in ('old', 'new')]} != PodResources {listed} "
+                             f"within {CHECK_BOUND_S}s\nplugin log:\n{plugin.log()[-3000:]}") from None
+    took = time.monotonic() - start
+    audit(node, ["old", "new"])
+    swapped = order == "creation" and not answering
+    assert plugin.metric("gpupool_deviceplugin_reconcile_corrections_total", kind="differs") == (2 if swapped else 0)
+    print(f"[{kind}, {order} order, PodResources {'answering' if answering else 'cut'}] acks equal to "
+          f"PodResources {took:.2f}s after admission{'' if answering else ' and PodResources answering again'}")
