@@ -1,102 +1,38 @@
 """A Binding whose answer is lost: the scheduler keeps the pod's devices until a read of the pod says
-whether it landed (issue 16 A2). The service runs on a real HTTP server on 127.0.0.1 that keeps pods,
-commits Bindings and then loses the answer on command (a timeout, a 5xx, a dropped connection), the
-faults a real kube-apiserver cannot be told to make; tests/e2e/test_faults.py makes them against one."""
+whether it landed (issue 16 A2). The service talks HTTP to tests/scheduler/apiserver.py, which commits
+Bindings and then loses the answer on command (a 5xx, a dropped connection)."""
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import json
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
-from kubernetes import client
-
 from gpupool_sched.scheduler.binder import definitely_unbound
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
+from gpupool_sched.scheduler.kubeapi import ApiError
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
 from gpupool_sched.scheduler.state import Phase
+from tests.scheduler.apiserver import PODS, ApiServer, serving, settle
 from tests.scheduler.test_state import bump, node_obj, pod_obj
 
 
-class ApiServer:
-    """Pods by namespace/name; POST .../bindings sets spec.nodeName (or refuses a bound pod with 409)
-    and then answers as `answer` says: "ok" (201), "lost" (closes the connection unanswered), a status
-    code (e.g. 504); `commit=False` refuses to bind at all but answers the same."""
-
-    def __init__(self) -> None:
-        self.pods: dict[str, dict[str, Any]] = {}
-        self.bindings: list[tuple[str, str]] = []  # (pod, node) committed, in order
-        self.answer: str | int = "ok"
-        self.commit = True
-        self.reads = 0
-
-    async def route(self, request: web.Request) -> web.StreamResponse:
-        parts = request.path.strip("/").split("/")
-        if request.method == "POST" and parts[-1] == "bindings":
-            body = json.loads(await request.read())
-            key = f"{parts[3]}/{body['metadata']['name']}"
-            pod = self.pods[key]
-            if pod["spec"].get("nodeName"):
-                return web.json_response({"kind": "Status", "reason": "Conflict",
-                                          "message": f"pod {key} is already assigned to node "
-                                                     f"\"{pod['spec']['nodeName']}\""}, status=409)
-            if self.commit:
-                self.pods[key] = bump(pod, node=body["target"]["name"])
-                self.bindings.append((key, body["target"]["name"]))
-            if self.answer == "lost":
-                assert request.transport is not None
-                request.transport.close()
-                return web.Response()  # never reaches the client
-            if isinstance(self.answer, int):
-                return web.json_response({"kind": "Status", "message": "gateway timeout"}, status=self.answer)
-            return web.json_response({}, status=201)
-        if request.method == "GET" and len(parts) == 6 and parts[4] == "pods":
-            self.reads += 1
-            pod = self.pods.get(f"{parts[3]}/{parts[5]}")
-            if pod is None:
-                return web.json_response({"kind": "Status", "reason": "NotFound"}, status=404)
-            return web.json_response(pod)
-        return web.json_response({}, status=201)  # Events, status patches
-
-
 async def run_service(test: Callable[[SchedulerService, ApiServer], Awaitable[None]]) -> None:
-    server = ApiServer()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", server.route)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    api = KubeApi(client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")))
-    service = SchedulerService(SchedulerConfig(), api)
-    service.on_node("ADDED", node_obj("n1"))  # 4 GPUs
-    try:
-        await test(service, server)
-    finally:
-        await service.binder.drain()
-        api.close()
-        await runner.cleanup()
+    async with serving() as (server, api):
+        service = SchedulerService(SchedulerConfig(), api)
+        service.on_node("ADDED", node_obj("n1"))  # 4 GPUs
+        try:
+            await test(service, server)
+        finally:
+            await service.binder.drain()
 
 
 def add_pod(service: SchedulerService, server: ApiServer, obj: dict[str, Any]) -> str:
-    server.pods[f"ns/{obj['metadata']['name']}"] = copy.deepcopy(obj)
-    service.on_pod("ADDED", obj)
+    service.on_pod("ADDED", server.put(PODS, obj))
     return str(obj["metadata"]["uid"])
 
 
 async def schedule_all(service: SchedulerService) -> None:
-    while (item := service.queue.pop()) is not None:
-        service.schedule_one(item)
-    for _ in range(50):  # the binds and their reads
-        await asyncio.sleep(0.02)
-        if not service.binder._tasks:
-            return
+    await settle(service)
 
 
 def free_gpus(service: SchedulerService) -> int:
@@ -170,7 +106,7 @@ def test_an_error_after_the_watch_showed_the_pod_bound_keeps_it_confirmed() -> N
         assert item is not None
         service.schedule_one(item)
         # the watch shows the pod bound before the Binding's (failed) answer comes back
-        service.on_pod("MODIFIED", bump(obj, node="n1"))
+        service.on_pod("MODIFIED", bump(server.objects[PODS]["ns/a"], node="n1"))
         await schedule_all(service)
         entry = service.state.pods.get(a)
         assert entry is not None and entry.phase is Phase.CONFIRMED and free_gpus(service) == 0
@@ -182,7 +118,7 @@ def test_a_conflict_keeps_the_gpus_until_the_pod_is_read() -> None:
     async def test(service: SchedulerService, server: ApiServer) -> None:
         obj = pod_obj("a", gpus=4)
         a = add_pod(service, server, obj)
-        server.pods["ns/a"] = bump(obj, node="n1")  # bound already (an earlier attempt's Binding)
+        server.put(PODS, bump(obj, node="n1"))  # bound already (an earlier attempt's Binding)
         await schedule_all(service)
         entry = service.state.pods.get(a)
         assert entry is not None and entry.node == "n1" and free_gpus(service) == 0

@@ -28,10 +28,11 @@ from gpupool_sched.placement.registry import POLICIES, build_policy
 from gpupool_sched.placement.workload import RollingProfile, forget_profile
 from gpupool_sched.scheduler import gcpolicy
 from gpupool_sched.scheduler.binder import Binder, BindOutcome
+from gpupool_sched.scheduler.informer import Informers, WatchedKind
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.podspec import InvalidPod
 from gpupool_sched.scheduler.queue import QueuedPod, SchedulingQueue
-from gpupool_sched.scheduler.quotas import QuotaBook
+from gpupool_sched.scheduler.quotas import QuotaBook, quota_kinds
 from gpupool_sched.scheduler.state import ClusterState
 
 from .metrics import ExtenderMetrics
@@ -63,6 +64,7 @@ class ExtenderConfig:
     bind_timeout_s: float = 25.0  # under kube-scheduler's httpTimeout for the extender (docs/extender.md)
     profile_window: int = 2000
     housekeeping_s: float = 1.0
+    consistency_check_s: float = 300.0  # a re-list of every watched kind that repairs what the watch missed
     max_cached_pods: int = 50000
     freeze_gc: bool = False  # the process's own (CLI): gc.freeze() after the first sync (scheduler/gcpolicy.py)
 
@@ -88,8 +90,14 @@ class Extender:
         self.rng = np.random.default_rng(0)
         # the Binder retries nothing here: kube-scheduler owns the retry, so its queue stays unused
         self.binder = Binder(self.state, api, SchedulingQueue(), self.metrics.binder,
-                             is_leader=lambda: True, on_bound=self._bound,
-                             on_read=lambda obj: self.on_pod("MODIFIED", obj))
+                             is_leader=lambda: True, on_bound=self._bound)
+        self.informers = Informers(api, [
+            WatchedKind("priorityclasses", PRIORITY_CLASSES, self.on_priority_class),
+            *quota_kinds(self.quotas, lambda: None),
+            WatchedKind("nodes", "/api/v1/nodes", self.on_node),
+            WatchedKind("pods", "/api/v1/pods", self.on_pod),
+        ], registry=self.metrics.registry, component="extender", consistency_check_s=config.consistency_check_s)
+        self.binder.on_read = lambda obj: self.informers["pods"].event("MODIFIED", obj)
         self.synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -129,26 +137,20 @@ class Extender:
         if self.config.freeze_gc:
             gcpolicy.freeze_startup()
         self.synced.set()
-        self._tasks = [asyncio.get_running_loop().create_task(self._housekeeping(), name="housekeeping")]
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._housekeeping(), name="housekeeping"),
+                       loop.create_task(self.informers.run_checks(), name="consistency-check")]
         log.info("extender for %s started: %d nodes, %d pods in the ledger", self.config.scheduler_name,
                  len(self.state.nodes), len(self.state.pods))
 
     async def resync(self) -> None:
-        classes, _ = await self.api.list_raw(PRIORITY_CLASSES)
-        for obj in classes:
-            self.on_priority_class("ADDED", obj)
-        await self.quotas.resync(self.api)
-        nodes, _ = await self.api.list_raw("/api/v1/nodes")
-        for obj in nodes:
-            self.on_node("ADDED", obj)
-        pods, _ = await self.api.list_raw("/api/v1/pods")
-        for obj in pods:
-            self.on_pod("ADDED", obj)
+        await self.informers.list_all(initial=True)
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.informers.stop()
         await self.binder.drain()
 
     async def _housekeeping(self) -> None:

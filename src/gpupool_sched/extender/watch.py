@@ -1,6 +1,7 @@
 """kopf wiring for the extender: watches of nodes, pods, PriorityClasses, GpuQuotas and namespaces
 into its state, with the scheduler's settings (no Events posted, standalone, no scans, no diff base,
-no writes to watched objects; docs/scheduler.md explains each)."""
+no writes to watched objects; docs/scheduler.md explains each), through the extender's informers
+(scheduler/informer.py: stale versions dropped, a re-list after a watch gap)."""
 
 from __future__ import annotations
 
@@ -38,23 +39,23 @@ def build_registry(extender: Extender) -> kopf.OperatorRegistry:
 
     @kopf.on.event("", "v1", "pods", registry=registry)
     async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
-        extender.on_pod(event.get("type"), event["object"])  # type: ignore[arg-type]
+        extender.informers.watch("pods", event.get("type"), event["object"])  # type: ignore[arg-type]
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     async def node_event(event: kopf.RawEvent, **_: Any) -> None:
-        extender.on_node(event.get("type"), event["object"])  # type: ignore[arg-type]
+        extender.informers.watch("nodes", event.get("type"), event["object"])  # type: ignore[arg-type]
 
     @kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses", registry=registry)
     async def priority_class_event(event: kopf.RawEvent, **_: Any) -> None:
-        extender.on_priority_class(event.get("type"), event["object"])  # type: ignore[arg-type]
+        extender.informers.watch("priorityclasses", event.get("type"), event["object"])  # type: ignore[arg-type]
 
     @kopf.on.event(QUOTA_GROUP, QUOTA_VERSION, QUOTA_PLURAL, registry=registry)
     async def quota_event(event: kopf.RawEvent, **_: Any) -> None:
-        extender.quotas.on_quota(event.get("type"), event["object"])
+        extender.informers.watch(QUOTA_PLURAL, event.get("type"), event["object"])  # type: ignore[arg-type]
 
     @kopf.on.event("", "v1", "namespaces", registry=registry)
     async def namespace_event(event: kopf.RawEvent, **_: Any) -> None:
-        extender.quotas.on_namespace(event.get("type"), event["object"])
+        extender.informers.watch("namespaces", event.get("type"), event["object"])  # type: ignore[arg-type]
 
     return registry
 

@@ -16,6 +16,11 @@ through the old client threads alike (`tune_switch_interval`, called by the CLIs
 Concurrency is bounded per caller (`Lane`): Bindings and reports each have their own limit, so a
 burst of one never queues the other, and a write's timeout starts when its turn comes, not while it
 waits for one.
+
+Fencing: a lane may be given a write window (`Fence`), the seconds for which this process may still
+write (a leader: until its lease could pass to another replica). A write waits for its turn at most
+that long, is refused (`Fenced`, never sent) when the window has closed by its turn, and is cut off on
+the wire when the window closes (its outcome is then unknown to the caller).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import sys
 import threading
 import urllib.parse
 import urllib.request
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -42,6 +47,18 @@ SWITCH_INTERVAL_S = 0.001  # CPython: 0.005
 def tune_switch_interval() -> None:
     """A thread waiting for the GIL gets it within 1 ms: call once, at process start."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
+class Fenced(Exception):
+    """The write window closed before the write's turn: it was not sent."""
+
+
+@dataclass(slots=True)
+class Fence:
+    """Shared by a client and its lanes: `window()` gives the seconds writes may still reach the API
+    server (<= 0: none may); None: no limit."""
+
+    window: Callable[[], float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,14 +218,30 @@ class Lane:
         self._sem: asyncio.Semaphore | None = None  # made on the writer's loop, used only there
 
     async def send(self, method: str, api_path: str, body: Mapping[str, Any], content_type: str,
-                   timeout_s: float) -> Answer:
-        """Awaited from any event loop; the request itself runs on the writer's."""
+                   timeout_s: float, window: Callable[[], float] | None = None) -> Answer:
+        """Awaited from any event loop; the request itself runs on the writer's. `window`: see `Fence`."""
         return await asyncio.wrap_future(self.writer.submit(self._turn(method, api_path, body, content_type,
-                                                                       timeout_s)))
+                                                                       timeout_s, window)))
 
     async def _turn(self, method: str, api_path: str, body: Mapping[str, Any], content_type: str,
-                    timeout_s: float) -> Answer:
+                    timeout_s: float, window: Callable[[], float] | None) -> Answer:
         if self._sem is None:
             self._sem = asyncio.Semaphore(self.limit)
-        async with self._sem:
-            return await self.writer.request(method, api_path, body, content_type, timeout_s)
+        if window is None:
+            async with self._sem:
+                return await self.writer.request(method, api_path, body, content_type, timeout_s)
+        left = window()
+        if left <= 0:
+            raise Fenced(f"write window closed {-left:.1f}s ago")
+        try:
+            async with asyncio.timeout(left):
+                await self._sem.acquire()
+        except TimeoutError:
+            raise Fenced("write window closed while the write waited for its turn") from None
+        try:
+            left = window()  # renewed meanwhile, or lost
+            if left <= 0:
+                raise Fenced(f"write window closed {-left:.1f}s ago")
+            return await self.writer.request(method, api_path, body, content_type, min(timeout_s, left))
+        finally:
+            self._sem.release()

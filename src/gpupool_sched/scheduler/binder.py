@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gpupool_common.handshake import assignment_annotations
 from gpupool_sched.model.decision import Placement
@@ -63,7 +64,7 @@ class Binder:
         is_leader: Callable[[], bool],
         on_bound: Callable[[BindOutcome, QueuedPod], None] | None = None,
         on_unbound: Callable[[str], None] | None = None,
-        on_read: Callable[[dict[str, object]], None] | None = None,
+        on_read: Callable[[dict[str, Any]], object] | None = None,
     ) -> None:
         self.state = state
         self.api = api
@@ -72,7 +73,8 @@ class Binder:
         self.is_leader = is_leader
         self.on_bound = on_bound
         self.on_unbound = on_unbound  # a pod read unbound after an unknown outcome, with no queue item at hand
-        self.on_read = on_read or (lambda obj: state.apply_pod(obj))  # a pod read as the watch would show it
+        # a pod read as the watch would show it
+        self.on_read: Callable[[dict[str, Any]], object] = on_read or (lambda obj: state.apply_pod(obj))
         self._verifying: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._gates: dict[str, asyncio.Event] = {}

@@ -24,7 +24,7 @@ import aiohttp
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupool_sched.scheduler.apiwriter import ApiWriter, Lane
+from gpupool_sched.scheduler.apiwriter import ApiWriter, Fence, Fenced, Lane
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -88,6 +88,7 @@ class KubeApi:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")
         self._writer = ApiWriter(api_client.configuration, getattr(api_client, "user_agent", None))
         self._lane: Lane = self._writer.lane(workers)
+        self.fence = Fence()  # shared with every lane: a leader's write window (scheduler/leader.py)
         self._owner = True
 
     def lane(self, workers: int) -> KubeApi:
@@ -117,10 +118,14 @@ class KubeApi:
             raise ApiError.from_exception(exc) from None
 
     async def write(self, method: str, api_path: str, body: Mapping[str, Any], content_type: str = JSON) -> None:
-        """A write whose answer is not needed; ApiError on failure (status 0: no answer). Its timeout
-        counts from when its turn on the lane comes."""
+        """A write whose answer is not needed; ApiError on failure (status 0: no answer; reason NotLeader:
+        not sent, the write window had closed). Its timeout counts from when its turn on the lane comes,
+        and ends at the latest when the write window closes."""
         try:
-            answer = await self._lane.send(method, api_path, body, content_type, REQUEST_TIMEOUT_S)
+            answer = await self._lane.send(method, api_path, body, content_type, REQUEST_TIMEOUT_S,
+                                           self.fence.window)
+        except Fenced as exc:
+            raise ApiError(0, "NotLeader", f"not sent: {exc}") from None
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             raise ApiError(0, type(exc).__name__, str(exc) or type(exc).__name__) from None
         if not 200 <= answer.status < 300:

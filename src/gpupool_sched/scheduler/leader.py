@@ -21,6 +21,8 @@ from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi, now_rfc3339
 
 log = logging.getLogger(__name__)
 
+FENCE_MARGIN_S = 1.0  # of a lease's duration, kept back for clock-rate drift and a write's last hop
+
 
 class LeaderElector:
     def __init__(
@@ -55,6 +57,18 @@ class LeaderElector:
     @property
     def is_leader(self) -> bool:
         return self._renewed_at is not None and self.clock() - self._renewed_at < self.renew_deadline_s
+
+    def write_window(self) -> float:
+        """Seconds for which a write of this process may still reach the API server (<= 0: none).
+
+        A standby takes the lease only after `leaseDurationSeconds` on its own clock without seeing it
+        change, counted from when it read this leader's last renewal. That renewal was sent after
+        `_renewed_at`, so no other replica acts before `_renewed_at + lease_duration_s` here (equal
+        clock rates; FENCE_MARGIN_S covers drift and the last hop). Writes stop there: none queued
+        beyond it is sent, and one on the wire is cut off (kubeapi.write, apiwriter.Lane)."""
+        if self._renewed_at is None:
+            return float("-inf")
+        return self._renewed_at + self.lease_duration_s - FENCE_MARGIN_S - self.clock()
 
     async def run(self) -> None:
         was = False
@@ -131,7 +145,7 @@ class LeaderElector:
 
 
 class AlwaysLeader:
-    """Without --leader-elect the one scheduler is always the leader."""
+    """Without --leader-elect the one scheduler is always the leader (its writes are never fenced)."""
 
     is_leader = True
     holder = None

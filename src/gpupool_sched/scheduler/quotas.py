@@ -45,6 +45,7 @@ from gpupool_sched.placement.quota import (
     total,
 )
 from gpupool_sched.placement.quota import usage as count_usage
+from gpupool_sched.scheduler.informer import WatchedKind
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi, now_rfc3339
 from gpupool_sched.scheduler.labelselector import LabelSelector
 from gpupool_sched.scheduler.queue import ClusterEvent, Hint, QuotaFreed
@@ -633,3 +634,24 @@ def _with_transition_times(desired: dict[str, Any], observed: Mapping[str, Any])
         kept = old.get("lastTransitionTime") if old.get("status") == cond["status"] else None
         conditions.append({**cond, "lastTransitionTime": kept or now})
     return {**desired, "conditions": conditions}
+
+
+def quota_kinds(book: QuotaBook, changed: Callable[[], None]) -> list[WatchedKind]:
+    """The namespaces and GpuQuotas a QuotaBook follows, as watched kinds (a missing CRD: no quotas)."""
+
+    def no_crd(exc: ApiError) -> bool:
+        if exc.status != 404:
+            return False
+        log.warning("the GpuQuota CRD is not installed (deploy/crds): no team quotas")
+        return True
+
+    def on_namespace(kind: str | None, obj: dict[str, Any]) -> None:
+        book.on_namespace(kind, obj)
+        changed()
+
+    def on_quota(kind: str | None, obj: dict[str, Any]) -> None:
+        book.on_quota(kind, obj)
+        changed()
+
+    return [WatchedKind("namespaces", NAMESPACES_PATH, on_namespace),
+            WatchedKind(PLURAL, QUOTAS_PATH, on_quota, on_error=no_crd)]

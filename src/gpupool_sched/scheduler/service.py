@@ -34,6 +34,7 @@ from gpupool_sched.scheduler import gcpolicy
 from gpupool_sched.scheduler.binder import Binder, BindOutcome
 from gpupool_sched.scheduler.cycle import Cycle
 from gpupool_sched.scheduler.gangs import GROUP, PLURAL, PODGROUPS, VERSION, Gangs, group_of
+from gpupool_sched.scheduler.informer import Informers, WatchedKind
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
 from gpupool_sched.scheduler.metrics import GPU_STATES, SchedulerMetrics, gpu_states
@@ -47,7 +48,7 @@ from gpupool_sched.scheduler.preemptor import (
     running_pods,
 )
 from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, QuotaFreed, SchedulingQueue
-from gpupool_sched.scheduler.quotas import QuotaBook
+from gpupool_sched.scheduler.quotas import QuotaBook, quota_kinds
 from gpupool_sched.scheduler.recorder import EventRecorder, says_unschedulable
 from gpupool_sched.scheduler.state import ClusterState, Phase
 
@@ -83,6 +84,7 @@ class SchedulerConfig:
     housekeeping_s: float = 1.0
     nomination_slack_s: float = 60.0  # freed GPUs are held for a preemptor the victims' grace + this
     max_checkpoint_grace_s: int = DEFAULT_MAX_CHECKPOINT_GRACE_S  # gpupool.io/checkpoint-grace-seconds cap
+    consistency_check_s: float = 300.0  # a re-list of every watched kind that repairs what the watch missed
     freeze_gc: bool = False  # the process's own (CLI): gc.freeze() after the first sync
 
 
@@ -124,9 +126,12 @@ class SchedulerService:
                           retry_period_s=config.retry_period_s)
             if config.leader_elect else AlwaysLeader()
         )
+        if isinstance(self.leader, LeaderElector):  # every write (Bindings, evictions, reports) is fenced
+            api.fence.window = self.leader.write_window
         self.binder = Binder(self.state, api, self.queue, self.metrics,
                              is_leader=lambda: self.leader.is_leader, on_bound=self._bound,
-                             on_unbound=self._unbound, on_read=lambda obj: self.on_pod("MODIFIED", obj))
+                             on_unbound=self._unbound,
+                             on_read=lambda obj: self.informers["pods"].event("MODIFIED", obj))
         self.synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         # reports on API threads of their own: behind a burst of Bindings they would wait their turn
@@ -140,6 +145,8 @@ class SchedulerService:
         self.gangs = Gangs()
         self.quotas = QuotaBook(self.state, self.metrics.registry)
         self.quotas.on_freed = lambda quota: self.queue.on_event(QuotaFreed(quota))  # over-quota pods: wake_hints
+        self.informers = Informers(api, self._watched_kinds(), registry=self.metrics.registry,
+                                   consistency_check_s=config.consistency_check_s)
         self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
         self._ended: dict[str, str] = {}  # UID -> Succeeded/Failed, for gang members (PodGroup status)
         self._node_gauges: dict[str, tuple[Any, Any]] = {}  # node -> its gpus_bound, memory_units_bound children
@@ -192,46 +199,51 @@ class SchedulerService:
             loop.create_task(self.leader.run(), name="leader"),
             loop.create_task(self._cycle_loop(), name="cycle"),
             loop.create_task(self._housekeeping(), name="housekeeping"),
+            loop.create_task(self.informers.run_checks(), name="consistency-check"),
         ]
         log.info("scheduler %s started in %.1f s: %d nodes, %d pods in the ledger, %d pending",
                  self.config.scheduler_name, time.monotonic() - began, len(self.state.nodes), len(self.state.pods),
                  len(self.queue))
 
     async def resync(self) -> None:
-        classes, _ = await self.api.list_raw(PRIORITY_CLASSES)
-        for obj in classes:
-            self.on_priority_class("ADDED", obj)
-        try:
-            budgets, _ = await self.api.list_raw(PDBS)
-        except ApiError as exc:  # preemption then ranks victims without them; evictions still honour them
+        """LIST every watched kind into the state, in dependency order (classes, budgets, groups and
+        quotas before the pods that name them; nodes before their pods)."""
+        await self.informers.list_all(initial=True)
+
+    def _watched_kinds(self) -> list[WatchedKind]:
+        def pdb_list_failed(exc: ApiError) -> bool:  # preemption then ranks victims without them
             log.warning("listing PodDisruptionBudgets failed (%s)", exc)
-            budgets = []
-        for obj in budgets:
-            self.on_pdb("ADDED", obj)
-        try:
-            groups, _ = await self.api.list_raw(PODGROUPS)
-            self.gangs.available = True
-        except ApiError as exc:  # no PodGroup CRD: pods naming a group are told so
+            return True
+
+        def no_pod_groups(exc: ApiError) -> bool:  # no PodGroup CRD: pods naming a group are told so
             if exc.status != 404:
-                raise
+                return False
             log.warning("PodGroups (%s) are not served: gang scheduling is off until the CRD is installed",
                         PODGROUPS)
             self.gangs.available = False
-            groups = []
-        for obj in groups:
-            self.on_pod_group("ADDED", obj)
-        await self.quotas.resync(self.api)
-        nodes, _ = await self.api.list_raw("/api/v1/nodes")
-        for obj in nodes:
-            self.on_node("ADDED", obj)
-        pods, _ = await self.api.list_raw("/api/v1/pods")
-        for obj in pods:
-            self.on_pod("ADDED", obj)
+            return True
+
+        def groups_served() -> None:
+            self.gangs.available = True
+
+        def quota_changed() -> None:
+            self.queue.on_event(ClusterEvent.QUOTA_CHANGED)
+
+        return [
+            WatchedKind("priorityclasses", PRIORITY_CLASSES, self.on_priority_class),
+            WatchedKind("poddisruptionbudgets", PDBS, self.on_pdb, on_error=pdb_list_failed),
+            WatchedKind("podgroups", PODGROUPS, self.on_pod_group, on_error=no_pod_groups,
+                        on_listed=groups_served),
+            *quota_kinds(self.quotas, quota_changed),
+            WatchedKind("nodes", "/api/v1/nodes", self.on_node),
+            WatchedKind("pods", "/api/v1/pods", self.on_pod),
+        ]
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.informers.stop()
         await self.binder.drain()
         await self.preemptor.drain()
         await self.leader.release()

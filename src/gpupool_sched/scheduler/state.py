@@ -95,9 +95,9 @@ class PodEntry:
     pod_grace_s: int | None = None  # spec.terminationGracePeriodSeconds (the grace without the annotation)
     deletion_grace_s: int | None = None  # metadata.deletionGracePeriodSeconds: the grace it is terminating with
     evicting_for: str | None = None  # UID of the preemptor this pod is being evicted for
-
-
     uncertain: bool = False  # its Binding's outcome is unknown (answer lost, or never seen bound): being read
+
+
 @dataclass(slots=True)
 class Nomination:
     """A preemptor waiting on `node` for its victims to go; `holds` keep what the gone ones freed."""
@@ -314,10 +314,10 @@ class ClusterState:
         released: str | None = None
         if entry is not None and entry.node == node:
             entry.phase = Phase.CONFIRMED
+            entry.uncertain = False
             entry.resource_version = rv
             entry.pending = pending
             _describe(entry, obj)
-            entry.uncertain = False
             if entry.evicting_for == TERMINATING:
                 self._join_adopted(entry)
             if acked:

@@ -5,7 +5,9 @@ last-handled-configuration annotations, unlike on.create/update, daemons and tim
 are coroutines: kopf runs plain functions on its thread pool, and the state, the queue and the
 binder's gates belong to the event loop's thread alone. kopf runs standalone (no peering objects),
 posts no Events of its own, and keeps no diff base (the handlers take the raw event). The service's
-own loops start from `on.startup`, after a full LIST has rebuilt the state."""
+own loops start from `on.startup`, after a full LIST has rebuilt the state. Every event goes through
+the service's informers (scheduler/informer.py), which drop stale versions and, when kopf lists again
+after a watch gap, re-list to find what was deleted meanwhile."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from typing import Any
 
 import kopf
 
-from gpupool_sched.scheduler.queue import ClusterEvent
 from gpupool_sched.scheduler.quotas import GROUP as QUOTA_GROUP
 from gpupool_sched.scheduler.quotas import PLURAL as QUOTA_PLURAL
 from gpupool_sched.scheduler.quotas import VERSION as QUOTA_VERSION
@@ -45,33 +46,31 @@ def build_registry(service: SchedulerService) -> kopf.OperatorRegistry:
 
     @kopf.on.event("", "v1", "pods", registry=registry)
     async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.on_pod(event.get("type"), event["object"])  # type: ignore[arg-type]
+        service.informers.watch("pods", event.get("type"), event["object"])  # type: ignore[arg-type]
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     async def node_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.on_node(event.get("type"), event["object"])  # type: ignore[arg-type]
+        service.informers.watch("nodes", event.get("type"), event["object"])  # type: ignore[arg-type]
 
     @kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses", registry=registry)
     async def priority_class_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.on_priority_class(event.get("type"), event["object"])  # type: ignore[arg-type]
+        service.informers.watch("priorityclasses", event.get("type"), event["object"])  # type: ignore[arg-type]
 
     @kopf.on.event("policy", "v1", "poddisruptionbudgets", registry=registry)
     async def pdb_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.on_pdb(event.get("type"), event["object"])  # type: ignore[arg-type]
+        service.informers.watch("poddisruptionbudgets", event.get("type"), event["object"])  # type: ignore[arg-type]
 
     @kopf.on.event("scheduling.x-k8s.io", "v1alpha1", "podgroups", registry=registry)
     async def pod_group_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.on_pod_group(event.get("type"), event["object"])  # type: ignore[arg-type]
+        service.informers.watch("podgroups", event.get("type"), event["object"])  # type: ignore[arg-type]
 
     @kopf.on.event(QUOTA_GROUP, QUOTA_VERSION, QUOTA_PLURAL, registry=registry)
     async def quota_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.quotas.on_quota(event.get("type"), event["object"])
-        service.queue.on_event(ClusterEvent.QUOTA_CHANGED)
+        service.informers.watch(QUOTA_PLURAL, event.get("type"), event["object"])  # type: ignore[arg-type]
 
     @kopf.on.event("", "v1", "namespaces", registry=registry)
     async def namespace_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.quotas.on_namespace(event.get("type"), event["object"])
-        service.queue.on_event(ClusterEvent.QUOTA_CHANGED)
+        service.informers.watch("namespaces", event.get("type"), event["object"])  # type: ignore[arg-type]
 
     return registry
 

@@ -1,0 +1,147 @@
+"""A scripted Kubernetes API on 127.0.0.1 for the faults a real kube-apiserver cannot be told to make
+(a Binding's answer lost after it committed, a watch gap at a chosen moment). It keeps objects by API
+path, lists them with a resourceVersion, serves single pods, commits Bindings and answers as told. The
+e2e fault tests (tests/e2e/test_faults.py) make the same faults against the real control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
+from kubernetes import client
+
+from gpupool_sched.scheduler.kubeapi import KubeApi
+
+PODS = "/api/v1/pods"
+NODES = "/api/v1/nodes"
+
+
+class ApiServer:
+    """Objects by list path and namespace/name. POST .../bindings sets spec.nodeName (409 on a bound pod)
+    and answers as `answer` says: "ok" (201), "lost" (the connection closed unanswered), or a status code;
+    `commit=False` binds nothing but answers the same. A list path not stored answers `missing` (404)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {PODS: {}, NODES: {}}
+        self.bindings: list[tuple[str, str]] = []  # (namespace/name, node) committed, in order
+        self.answer: str | int = "ok"
+        self.commit = True
+        self.hold: asyncio.Event | None = None  # set: Bindings wait for it before anything happens
+        self.arrivals: list[tuple[float, str, str]] = []  # (time.monotonic(), method, path) of every write
+        self.partitioned = False  # True: requests are held undelivered (a black hole); dropped if the client goes
+        self.reads = 0
+        self.lists = 0
+        self._rv = itertools.count(1000)
+
+    def version(self) -> str:
+        return str(next(self._rv))
+
+    def put(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store `obj` (a copy, with a new resourceVersion) and return what is stored."""
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = self.version()
+        meta = stored["metadata"]
+        self.objects.setdefault(path, {})[f"{meta.get('namespace', '')}/{meta['name']}"] = stored
+        return stored
+
+    def delete(self, path: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        del self.objects[path][f"{meta.get('namespace', '')}/{meta['name']}"]
+        self.version()
+
+    async def route(self, request: web.Request) -> web.StreamResponse:
+        while self.partitioned:
+            await asyncio.sleep(0.05)
+            if request.transport is None or request.transport.is_closing():
+                return web.Response()  # the client gave up during the partition: never delivered
+        parts = request.path.strip("/").split("/")
+        if request.method != "GET":
+            self.arrivals.append((time.monotonic(), request.method, request.path))
+        if "leases" in parts:
+            return await self._lease(request, parts)
+        if request.method == "POST" and parts[-1] == "bindings":
+            if self.hold is not None:
+                await self.hold.wait()
+            return await self._bind(request, parts[3])
+        if request.method == "GET" and len(parts) == 6 and parts[4] == "pods":
+            self.reads += 1
+            pod = self.objects[PODS].get(f"{parts[3]}/{parts[5]}")
+            if pod is None:
+                return web.json_response({"kind": "Status", "reason": "NotFound"}, status=404)
+            return web.json_response(pod)
+        if request.method == "GET":
+            if request.path not in self.objects:
+                return web.json_response({"kind": "Status", "reason": "NotFound"}, status=404)
+            self.lists += 1
+            return web.json_response({"items": list(self.objects[request.path].values()),
+                                      "metadata": {"resourceVersion": self.version()}})
+        return web.json_response({}, status=201)  # Events, status patches
+
+    async def _lease(self, request: web.Request, parts: list[str]) -> web.StreamResponse:
+        path = "/" + "/".join(parts[:6])
+        leases = self.objects.setdefault(path, {})
+        if request.method == "GET":
+            lease = leases.get(f"{parts[4]}/{parts[6]}")
+            if lease is None:
+                return web.json_response({"kind": "Status", "reason": "NotFound"}, status=404)
+            return web.json_response(lease)
+        body = json.loads(await request.read())
+        body["metadata"]["namespace"] = parts[4]
+        return web.json_response(self.put(path, body), status=201 if request.method == "POST" else 200)
+
+    async def _bind(self, request: web.Request, namespace: str) -> web.StreamResponse:
+        body = json.loads(await request.read())
+        key = f"{namespace}/{body['metadata']['name']}"
+        pod = self.objects[PODS][key]
+        if pod["spec"].get("nodeName"):
+            return web.json_response({"kind": "Status", "reason": "Conflict", "message": (
+                f"pod {key} is already assigned to node \"{pod['spec']['nodeName']}\"")}, status=409)
+        if self.commit:
+            bound = copy.deepcopy(pod)
+            bound["spec"]["nodeName"] = body["target"]["name"]
+            self.put(PODS, bound)
+            self.bindings.append((key, body["target"]["name"]))
+        if self.answer == "lost":
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()  # never reaches the client
+        if isinstance(self.answer, int):
+            return web.json_response({"kind": "Status", "message": "gateway timeout"}, status=self.answer)
+        return web.json_response({}, status=201)
+
+
+@asynccontextmanager
+async def serving() -> AsyncIterator[tuple[ApiServer, KubeApi]]:
+    server = ApiServer()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", server.route)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    api = KubeApi(client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")))
+    try:
+        yield server, api
+    finally:
+        api.close()
+        await runner.cleanup()
+
+
+async def settle(service: Any, rounds: int = 50) -> None:
+    """Schedule whatever is queued and let the binds (and their reads) finish."""
+    for _ in range(rounds):
+        while (item := service.queue.pop()) is not None:
+            service.schedule_one(item)
+        await asyncio.sleep(0.02)
+        if not service.binder._tasks and not len(service.queue):
+            return

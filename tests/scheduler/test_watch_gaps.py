@@ -1,0 +1,148 @@
+"""Nothing deleted during a watch gap stays behind (issue 16 A1).
+
+kopf answers 410 Gone by listing again, hands the listed objects over as events of type None and says
+nothing of the objects missing from the list. The events below are exactly those kopf sends; the
+service's re-list (over HTTP to tests/scheduler/apiserver.py) must then find what was deleted. The
+same gap against the real control plane: tests/e2e/test_faults.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gpupool_sched.scheduler.informer import Drift, WatchedKind
+from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
+from gpupool_sched.scheduler.state import Phase
+from tests.scheduler.apiserver import NODES, PODS, ApiServer, serving, settle
+from tests.scheduler.test_state import node_obj, pod_obj
+
+
+async def with_service(test: Callable[[SchedulerService, ApiServer], Awaitable[None]],
+                       **config: Any) -> None:
+    async with serving() as (server, api):
+        for path in (PDBS, PRIORITY_CLASSES, "/api/v1/namespaces"):
+            server.objects[path] = {}
+        service = SchedulerService(SchedulerConfig(**config), api)
+        try:
+            await test(service, server)
+        finally:
+            await service.informers.stop()
+            await service.binder.drain()
+
+
+def repairs(service: SchedulerService, kind: str, change: str) -> float:
+    value = service.metrics.registry.get_sample_value(
+        "gpupool_scheduler_cache_repairs_total", {"kind": kind, "change": change})
+    return value or 0.0
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("not within the time")
+
+
+def test_what_was_deleted_during_a_gap_leaves_the_state() -> None:
+    """The review's reproduction: list {n1, n2, trainer (4 GPUs on n1)} → 410 → list {n1}."""
+
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        n1 = server.put(NODES, node_obj("n1"))
+        n2 = server.put(NODES, node_obj("n2"))
+        trainer = server.put(PODS, pod_obj("trainer", gpus=4, node="n1", phase="Running"))
+        await service.resync()
+        assert service.state.pods[trainer["metadata"]["uid"]].phase is Phase.CONFIRMED
+        # the gap: n2 and the trainer are deleted; the watch hears nothing of it
+        server.delete(NODES, n2)
+        server.delete(PODS, trainer)
+        service.informers.synced = True
+        # kopf's re-list after 410 Gone: what it found, as events of type None; nothing about the rest
+        service.informers.watch("nodes", None, server.objects[NODES]["/n1"])
+        await until(lambda: service.informers.relists > 0)
+        assert trainer["metadata"]["uid"] not in service.state.pods
+        assert "n2" not in service.state.nodes and "n1" in service.state.nodes
+        assert repairs(service, "pods", "deleted") == 1 and repairs(service, "nodes", "deleted") == 1
+        # a newcomer gets n1's GPUs the trainer freed, and nothing is bound to the deleted n2
+        newcomer = server.put(PODS, pod_obj("newcomer", gpus=4))
+        service.informers.watch("pods", "ADDED", newcomer)
+        await settle(service)
+        assert server.bindings == [("ns/newcomer", "n1")]
+        assert n1["metadata"]["name"] == "n1"
+
+    asyncio.run(with_service(test))
+
+
+def test_the_start_up_gap_is_closed_by_kopfs_first_listing() -> None:
+    """The service lists everything, then kopf lists again: what went in between goes too."""
+
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        server.put(NODES, node_obj("n1"))
+        doomed = server.put(PODS, pod_obj("doomed", gpus=4, node="n1", phase="Running"))
+        await service.resync()
+        server.delete(PODS, doomed)
+        for obj in list(server.objects[NODES].values()):  # kopf's first listing: what is left
+            service.informers.watch("nodes", None, obj)
+        assert service.informers["nodes"].event(None, server.objects[NODES]["/n1"]) is False  # a repeat: dropped
+        await until(lambda: service.informers.relists > 0)
+        assert doomed["metadata"]["uid"] not in service.state.pods
+
+    async def started(service: SchedulerService, server: ApiServer) -> None:
+        service.informers.synced = True  # as after start(): the first listing of kopf comes after it
+        await test(service, server)
+
+    asyncio.run(with_service(started))
+
+
+def test_the_periodic_check_repairs_drift_without_any_event() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        server.put(NODES, node_obj("n1"))
+        ghost = server.put(PODS, pod_obj("ghost", gpus=2, node="n1", phase="Running"))
+        missed = pod_obj("missed", gpus=1, node="n1", phase="Running")
+        await service.resync()
+        server.delete(PODS, ghost)
+        server.put(PODS, missed)  # created during a gap: never seen either
+        checks = asyncio.get_running_loop().create_task(service.informers.run_checks())
+        try:
+            await until(lambda: service.informers.relists > 0)
+        finally:
+            checks.cancel()
+        assert ghost["metadata"]["uid"] not in service.state.pods
+        assert missed["metadata"]["uid"] in service.state.pods
+        assert repairs(service, "pods", "added") == 1 and repairs(service, "pods", "deleted") == 1
+
+    asyncio.run(with_service(test, consistency_check_s=0.1))
+
+
+def test_a_list_older_than_the_watch_changes_nothing_the_watch_showed() -> None:
+    """client-go's rule: the list replaces only what it is newer than."""
+    seen: list[tuple[str | None, str]] = []
+    kind = WatchedKind("pods", PODS, lambda k, o: seen.append((k, o["metadata"]["name"])))
+    old = {"metadata": {"uid": "u-old", "name": "old", "namespace": "ns", "resourceVersion": "10"}}
+    young = {"metadata": {"uid": "u-young", "name": "young", "namespace": "ns", "resourceVersion": "30"}}
+    kind.event("ADDED", old)
+    kind.event("ADDED", young)  # the watch is ahead of the list below (rv 20)
+    newer_old = {"metadata": {**old["metadata"], "resourceVersion": "25"}}
+    kind.event("MODIFIED", newer_old)
+    assert kind.replace([old], 20) == Drift()  # old listed at 10 < 25 seen; young is newer than the list
+    assert kind.replace([], 20) == Drift()  # old seen at 25 > 20: the list may predate a change, keep it
+    assert kind.replace([], 40) == Drift(deleted=2)
+    assert seen[-2:] == [("DELETED", "old"), ("DELETED", "young")]
+    assert kind.event("MODIFIED", {"metadata": {**young["metadata"], "resourceVersion": "50"}}) is False
+    assert len(kind) == 0
+
+
+def test_a_gangs_member_quota_and_budget_deleted_in_a_gap_are_gone_too() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        server.put(NODES, node_obj("n1"))
+        budget = server.put(PDBS, {"metadata": {"name": "b", "namespace": "ns", "uid": "pdb-1"},
+                                   "spec": {"selector": {"matchLabels": {"app": "x"}}},
+                                   "status": {"disruptionsAllowed": 0}})
+        await service.resync()
+        assert ("ns", "b") in service.budgets.budgets
+        server.delete(PDBS, budget)
+        await service.informers.list_all()
+        assert ("ns", "b") not in service.budgets.budgets
+
+    asyncio.run(with_service(test))
