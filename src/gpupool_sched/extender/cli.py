@@ -10,7 +10,14 @@ import signal
 from gpupool_common.clihelp import LOG_LEVELS, log_level
 from gpupool_sched.errors import UserError
 from gpupool_sched.scheduler import gcpolicy
-from gpupool_sched.scheduler.cli import LISTEN_ADDRESS, _kube_client, _port, _positive, _root_cause
+from gpupool_sched.scheduler.cli import (
+    LISTEN_ADDRESS,
+    _kube_client,
+    _non_negative,
+    _port,
+    _positive,
+    _root_cause,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="how long a bind waits for the device plugin's ack of a same-shape pod on its node")
     p.add_argument("--bind-timeout", type=_positive(float), default=25.0, metavar="SECONDS",
                    help="answer bind with an error after this long (keep it under the extender's httpTimeout)")
+    p.add_argument("--consistency-check-interval", type=_non_negative(float), default=300.0, metavar="SECONDS",
+                   help="re-list every watched kind this often and repair what the watch missed (0: only after "
+                        "a watch gap)")
     p.add_argument("--log-level", default="info", type=log_level, choices=LOG_LEVELS, help="any case")
     p.set_defaults(func=run)
 
@@ -63,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         urllib3_log.setLevel(level)
     config = ExtenderConfig(scheduler_name=args.scheduler_name, policy=args.policy,
                             memory_unit_mib=args.memory_unit_mib, gate_timeout_s=args.gate_timeout,
-                            bind_timeout_s=args.bind_timeout, freeze_gc=True)
+                            bind_timeout_s=args.bind_timeout, consistency_check_s=args.consistency_check_interval,
+                            freeze_gc=True)
     try:
         asyncio.run(_serve(config, api, args.address, args.port, args.metrics_port))
     finally:

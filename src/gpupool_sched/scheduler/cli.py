@@ -57,6 +57,19 @@ def _positive(kind: type) -> Callable[[str], Any]:
     return parse
 
 
+def _non_negative(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
+        if not value >= 0:
+            raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+        return value
+
+    return parse
+
+
 def _percentage(text: str) -> int:
     try:
         value = int(text)
@@ -105,6 +118,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-checkpoint-grace", type=_positive(int), default=3600, metavar="SECONDS",
                    help="cap on gpupool.io/checkpoint-grace-seconds: a larger value is clamped (and said in "
                         "the victim's Preempted Event)")
+    p.add_argument("--consistency-check-interval", type=_non_negative(float), default=300.0, metavar="SECONDS",
+                   help="re-list every watched kind this often and repair what the watch missed (0: only after "
+                        "a watch gap; docs/scheduler.md#guarantees-under-faults)")
     p.add_argument("--log-level", default="info", type=log_level, choices=LOG_LEVELS, help="any case")
 
 
@@ -172,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         identity=identity,
         nomination_slack_s=args.nomination_slack,
         max_checkpoint_grace_s=args.max_checkpoint_grace,
+        consistency_check_s=args.consistency_check_interval,
         freeze_gc=True,
     )
     logging.getLogger(__name__).info("API server %s (%s); scheduler %s, identity %s",
