@@ -570,3 +570,95 @@ def test_incremental_usage_always_equals_a_full_recount(steps: list[tuple[int, i
         if op != 7:
             assert dropped <= set(freed), (op, i, dropped, freed)  # every drop was told
         freed.clear()
+
+
+# ---- reclaim and holds (issue 16 A5) -------------------------------------------------------------------
+
+def _evicted(api: RecordingApi) -> list[str]:
+    return [p.split("/")[-2] for method, p, _ in api.writes if p.endswith("/eviction")]
+
+
+def lent_node() -> Service:
+    """One 8-GPU node full of team a's one-GPU pods (priority 100, another scheduler's): a is guaranteed 2 and
+    borrows the other 6 from b's idle guarantee of 6."""
+    world = Service({"n1": "dgx-h100"},
+                    (quota_obj("a", team_spec("a", 2, borrow=8)), quota_obj("b", team_spec("b", 6))),
+                    (ns_obj("ns-a", team="a"), ns_obj("ns-b", team="b"), ns_obj("free")))
+    world.add(*(service_pod(f"a-{i}", "ns-a", node="n1", scheduler="other", priority=100) for i in range(8)))
+    assert world.svc.quotas.usage() == {"a": Amount(8, 0), "b": Amount()}
+    return world
+
+
+def test_reclaimed_gpus_count_against_the_reclaiming_team_so_a_higher_priority_borrower_cannot_take_them() -> None:
+    """Issue 16 A5: b (within its guarantee) reclaims 2 of a's borrowed GPUs. While they are held for b's pod,
+    they count against b: a's pods of higher priority, which would borrow them again, are over quota instead
+    of taking the room (before: they took it, b preempted again and again, 6 pods evicted, b stuck)."""
+    world = lent_node()
+
+    async def scenario() -> None:
+        b_pod = service_pod("b-train", "ns-b", gpus=2)
+        world.add(b_pod)
+        await world.run()
+        victims = _evicted(world.api)
+        assert len(victims) == 2 and all(v.startswith("a-") for v in victims)
+        for victim in victims:
+            world.delete(victim)
+        # 2 GPUs free on n1, held for b's pod: counted against b, not against nobody
+        assert world.svc.quotas.usage() == {"a": Amount(6, 0), "b": Amount(2, 0)}
+        for round_ in range(3):  # borrowers of a, each more important than b's pod, keep coming
+            world.add(service_pod(f"a-urgent-{round_}", "ns-a", gpus=2, priority=1000))
+            await world.run()
+            assert "b-train" in world.api.bound(), round_
+        assert not [n for n in world.api.bound() if n.startswith("a-urgent")]
+        assert len(_evicted(world.api)) == 2  # nobody else evicted
+        events = world.api.events()
+        assert all(any("GpuQuota a" in m for m in events[f"a-urgent-{r}"]) for r in range(3)), events
+        assert world.svc.quotas.usage() == {"a": Amount(6, 0), "b": Amount(2, 0)}
+
+    asyncio.run(scenario())
+
+
+def test_the_preemptors_own_holds_do_not_count_twice_in_its_check() -> None:
+    """b guaranteed exactly what its pod needs: its own holds are not counted against the pod itself."""
+    world = Service({"n1": "dgx-h100"},
+                    (quota_obj("a", team_spec("a", 6, borrow=2)), quota_obj("b", team_spec("b", 2))),
+                    (ns_obj("ns-a", team="a"), ns_obj("ns-b", team="b")))
+    world.add(*(service_pod(f"a-{i}", "ns-a", node="n1", scheduler="other") for i in range(8)))
+
+    async def scenario() -> None:
+        world.add(service_pod("b-train", "ns-b", gpus=2))
+        await world.run()
+        for victim in _evicted(world.api):
+            world.delete(victim)
+        assert world.svc.quotas.usage()["b"] == Amount(2, 0)  # the holds
+        await world.run()
+        assert world.api.bound() == ["b-train"] and world.svc.quotas.usage()["b"] == Amount(2, 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_new_leader_adopts_a_reclaims_victims_whatever_their_priority() -> None:
+    """Issue 16 A5, after a failover: the old leader reclaimed 2 of a's GPUs (priority 100) for b's pod
+    (priority 0) and set its nominatedNodeName. The new leader holds what those victims free for b's pod,
+    although they are of higher priority (before: only lower-priority victims were adopted, so a pod of
+    an unlimited namespace took the room and b preempted again)."""
+    from scheduler.test_preemptor import nominated, terminating
+
+    world = lent_node()
+
+    async def scenario() -> None:
+        for name in ("a-6", "a-7"):  # evicted by the old leader: terminating
+            world.pods[name] = terminating(world.pods[name])
+            world.svc.on_pod("MODIFIED", world.pods[name])
+        b_pod = nominated(service_pod("b-train", "ns-b", gpus=2), "n1")
+        world.add(b_pod)
+        nomination = world.svc.state.nominations.get(b_pod["metadata"]["uid"])
+        assert nomination is not None and nomination.victims == {"uid-ns-a-a-6", "uid-ns-a-a-7"}
+        world.delete("a-6")
+        world.delete("a-7")
+        world.add(service_pod("free-job", "free", gpus=2))  # not more important than b: the room is b's
+        await world.run()
+        assert world.api.bound() == ["b-train"]
+        assert _evicted(world.api) == []  # no second preemption
+
+    asyncio.run(scenario())

@@ -48,6 +48,7 @@ from gpupool_sched.placement.quota import usage as count_usage
 from gpupool_sched.scheduler.informer import WatchedKind
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi, now_rfc3339
 from gpupool_sched.scheduler.labelselector import LabelSelector
+from gpupool_sched.scheduler.podspec import InvalidPod
 from gpupool_sched.scheduler.queue import ClusterEvent, Hint, QuotaFreed
 from gpupool_sched.scheduler.state import ClusterState, Phase, PodEntry
 
@@ -62,7 +63,8 @@ NAMESPACES_PATH = "/api/v1/namespaces"
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_COUNTED = frozenset((Phase.ASSUMED, Phase.BOUND, Phase.CONFIRMED))  # not NOMINATED holds: they belong to no team yet
+# every entry: a NOMINATED hold counts against its preemptor's team (what it reclaimed stays its own: issue 16 A5)
+_COUNTED = frozenset((Phase.ASSUMED, Phase.BOUND, Phase.CONFIRMED, Phase.NOMINATED))
 VERIFY_EVERY = 60  # publish() calls (housekeeping: about a minute) between full recounts of the usage
 
 
@@ -353,7 +355,7 @@ class QuotaBook:
         """`usage()` counted afresh from the whole ledger, O(pods): the reference the incremental count
         is tested and checked (`verify`) against."""
         unit = self.state.memory_unit_mib
-        return count_usage(self.quotas(), ((_namespace_of(e), held_by(e.placement, unit))
+        return count_usage(self.quotas(), ((self._namespace_of(e), held_by(e.placement, unit))
                                            for e in self.state.pods.values() if e.phase in _COUNTED))
 
     def verify(self) -> bool:
@@ -382,13 +384,13 @@ class QuotaBook:
         if self.state.pods.get(uid) is entry and entry.phase in _COUNTED:
             amount = held_by(entry.placement, self.state.memory_unit_mib)
             if not amount.is_zero:
-                new = self._held[uid] = _Held(_namespace_of(entry), amount)
+                new = self._held[uid] = _Held(self._namespace_of(entry), amount)
         if old == new:
             return
         self.quotas()  # _governing and _used current
         touched = {name for h in (old, new) if h is not None and (name := self._governing.get(h.namespace))}
         before = {name: self._used[name] for name in touched}
-        cohort_used = self._cohort.used
+        cohort_used = before_cohort = self._cohort.used
         if old is not None:
             self._by_namespace[old.namespace] = self._by_namespace.get(old.namespace, Amount()) - old.amount
             if (name := self._governing.get(old.namespace)) is not None:
@@ -404,8 +406,53 @@ class QuotaBook:
         freed = sorted(name for name in touched if not before[name].within(self._used[name]))
         for name in freed:
             self.on_freed(name)
-        if freed:
+        if freed and not before_cohort.within(self._cohort.used):  # not e.g. a victim's GPUs turned into a hold
             self.on_freed(None)
+
+    def _namespace_of(self, entry: PodEntry) -> str:
+        """The namespace whose quota a ledger entry counts against: its pod's, or for a hold (what a gone
+        victim freed, kept for a preemptor) its preemptor's."""
+        if entry.phase is not Phase.NOMINATED:
+            return entry.key.partition("/")[0]
+        nomination = self.state.nominations.get(entry.uid.split("/")[1] if entry.uid.startswith("hold/") else "")
+        if nomination is not None:
+            return nomination.key.partition("/")[0]
+        return entry.key.removeprefix("hold for ").partition("/")[0]
+
+    def _own_holds(self, preemptors: Iterable[str]) -> Amount:
+        """What the holds kept for these pods count (against their own team): not counted against
+        themselves when they are checked, as they take that room when placed."""
+        out = Amount()
+        for uid in preemptors:
+            nomination = self.state.nominations.get(uid)
+            for hold in nomination.holds if nomination is not None else ():
+                held = self._held.get(hold)
+                if held is not None:
+                    out += held.amount
+        return out
+
+    def reclaimable_by(self, obj: Mapping[str, Any]) -> Callable[[PodEntry], bool] | None:
+        """For a nomination of the pending pod `obj` adopted after a failover, whose victims are known only as
+        its node's terminating pods: those a quota reclaim for it may have evicted whatever their priority
+        (pods of another quota's team holding what it asks for). None when its namespace has no quota (it
+        cannot reclaim), its request is invalid or counts nothing."""
+        try:
+            plan = self.state.plan(obj)
+        except InvalidPod:
+            return None
+        demand = demand_of(plan.request, self.state.memory_unit_mib)
+        self.quotas()
+        team = self._governing.get(plan.namespace)
+        if team is None or demand.is_zero:
+            return None
+
+        def victim(entry: PodEntry) -> bool:
+            self.quotas()
+            other = self._governing.get(self._namespace_of(entry))
+            return other is not None and other != team and demand.overlaps(
+                held_by(entry.placement, self.state.memory_unit_mib))
+
+        return victim
 
     def wake_hints(self, verdict: Verdict) -> tuple[Hint, ...]:
         """What may admit a pod `verdict` refused: its quota changing, its team's usage dropping and, where
@@ -424,8 +471,10 @@ class QuotaBook:
 
     # ---- what the cycle asks --------------------------------------------------------------------
     def check(self, plan: PodPlan) -> Verdict:
-        """May `plan` start as far as quotas go (a refusal's message is for its Event)?"""
-        return self.check_demand(plan.namespace, demand_of(plan.request, self.state.memory_unit_mib))
+        """May `plan` start as far as quotas go (a refusal's message is for its Event)? The holds kept for
+        it (a preemptor's) are its own room: not counted against it."""
+        return self.check_demand(plan.namespace, demand_of(plan.request, self.state.memory_unit_mib),
+                                 running=Amount() - self._own_holds((plan.uid,)))
 
     def check_gang(self, plans: Sequence[PodPlan]) -> Verdict:
         """May these pods of one namespace (a gang) start together?"""
@@ -450,14 +499,15 @@ class QuotaBook:
             raise ValueError(f"need {need} of {len(plans)} members")
         unit = self.state.memory_unit_mib
         namespace = plans[0].namespace
+        own = self._own_holds(p.uid for p in plans)  # the members' holds: their own room
         demand = total(demand_of(p.request, unit) for p in plans[:need])
-        verdict = self.check_demand(namespace, demand)
+        verdict = self.check_demand(namespace, demand, running=Amount() - own)
         if not verdict.ok:
             return 0, verdict
         count = need
         for member in plans[need:]:
             more = demand_of(member.request, unit)
-            nxt = self.check_demand(namespace, more, running=demand)
+            nxt = self.check_demand(namespace, more, running=demand - own)
             if not nxt.ok:
                 return count, nxt
             demand += more
@@ -481,7 +531,8 @@ class QuotaBook:
         """Borrowed pods that may be preempted so that `plan`'s team gets its guaranteed GPUs back, in
         victim order (lowest priority, then newest); empty when its team may not reclaim. `running`:
         the eviction candidates (preemptor.running_pods(state, budgets) without a priority bound)."""
-        return self.reclaim_demand(plan.namespace, demand_of(plan.request, self.state.memory_unit_mib), running)
+        return self.reclaim_demand(plan.namespace, demand_of(plan.request, self.state.memory_unit_mib), running,
+                                   holding=(plan.uid,))
 
     def reclaim_gang(self, plans: Sequence[PodPlan], running: Iterable[RunningPod]) -> list[RunningPod]:
         """`reclaim` for a gang's pods (one namespace) together: its team must stay within its
@@ -489,9 +540,12 @@ class QuotaBook:
         if not plans:
             return []
         unit = self.state.memory_unit_mib
-        return self.reclaim_demand(plans[0].namespace, total(demand_of(p.request, unit) for p in plans), running)
+        return self.reclaim_demand(plans[0].namespace, total(demand_of(p.request, unit) for p in plans), running,
+                                   holding=[p.uid for p in plans])
 
-    def reclaim_demand(self, namespace: str, demand: Amount, running: Iterable[RunningPod]) -> list[RunningPod]:
+    def reclaim_demand(self, namespace: str, demand: Amount, running: Iterable[RunningPod], *,
+                       holding: Iterable[str] = ()) -> list[RunningPod]:
+        """`holding`: the pods asking (their holds are not counted against them)."""
         quotas = self.quotas()
         if not quotas or demand.is_zero:
             return []
@@ -502,8 +556,11 @@ class QuotaBook:
             if pod.request.namespace != pod_namespace:  # a pod read without its spec: the ledger key knows
                 pod = replace(pod, request=replace(pod.request, namespace=pod_namespace))
             pods.append(pod)
-        return reclaim_candidates(quotas, self.usage(), pods, demand, namespace,
-                                  memory_unit_mib=self.state.memory_unit_mib)
+        used = self.usage()
+        own = self._own_holds(holding)
+        if (team := self._governing.get(namespace)) is not None and not own.is_zero:
+            used[team] -= own
+        return reclaim_candidates(quotas, used, pods, demand, namespace, memory_unit_mib=self.state.memory_unit_mib)
 
     # ---- status and gauges ----------------------------------------------------------------------
     def desired_status(self, name: str, used: Mapping[str, Amount] | None = None) -> dict[str, Any]:
@@ -595,11 +652,6 @@ class QuotaBook:
         if not keep_valid:
             with contextlib.suppress(KeyError):
                 g.valid.remove(name)
-
-
-def _namespace_of(entry: PodEntry) -> str:
-    """The namespace whose quota a ledger entry counts against."""
-    return entry.key.partition("/")[0]
 
 
 def _amount_json(amount: Amount) -> dict[str, int]:

@@ -315,7 +315,8 @@ class SchedulerService:
         leader's victims free, so a failover does not hand that room to lower priorities or preempt again."""
         node = (obj.get("status") or {}).get("nominatedNodeName")
         if isinstance(node, str) and node:
-            self.state.adopt_nomination(uid, key, node, priority, self.cycle.hold_s)
+            self.state.adopt_nomination(uid, key, node, priority, self.cycle.hold_s,
+                                        reclaims=self.quotas.reclaimable_by(obj))
         elif self.state.drop_adopted(uid):
             self.queue.on_event(ClusterEvent.GPU_FREED)
 

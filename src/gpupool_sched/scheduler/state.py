@@ -111,6 +111,8 @@ class Nomination:
     holds: set[str] = field(default_factory=set)  # synthetic UIDs of NOMINATED entries
     adopted: bool = False  # rebuilt from status.nominatedNodeName, not decided by this instance
     hold_for: Callable[[set[str]], float] | None = None  # adopted: how long victims joining later extend it
+    # adopted: terminating pods it may have evicted whatever their priority (a GpuQuota reclaim's victims)
+    reclaims: Callable[[PodEntry], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -544,22 +546,26 @@ class ClusterState:
         return nomination
 
     def adopt_nomination(self, uid: str, key: str, node: str, priority: int,
-                         timeout_s: Callable[[set[str]], float]) -> Nomination | None:
+                         timeout_s: Callable[[set[str]], float], *,
+                         reclaims: Callable[[PodEntry], bool] | None = None) -> Nomination | None:
         """A pending pod shows `status.nominatedNodeName: node` that this instance did not decide: another
         leader preempted for it before a failover, or this one before a restart. Hold for it as that
         leader did (kube-scheduler rebuilds its nominator from the same field): the node's pods of lower
         priority that are already terminating become its victims, and those that go later join as they
-        go. `timeout_s(victims)`: how long it holds. None when there is nothing to adopt (the node is
-        unknown, or this nomination was seen)."""
+        go. `timeout_s(victims)`: how long it holds. `reclaims(entry)`: True for a terminating pod a quota
+        reclaim for this pod may have evicted, whatever its priority (QuotaBook.reclaimable_by). None when
+        there is nothing to adopt (the node is unknown, or this nomination was seen)."""
         if self._nominated_on.get(uid) == node or node not in self.nodes or uid in self.pods:
             return None
         self.end_nomination(uid)
         self._nominated_on[uid] = node
-        nomination = Nomination(uid, key, node, priority, set(), 0.0, adopted=True, hold_for=timeout_s)
+        nomination = Nomination(uid, key, node, priority, set(), 0.0, adopted=True, hold_for=timeout_s,
+                                reclaims=reclaims)
         self.nominations[uid] = nomination
         for victim in sorted(self.by_node.get(node, ())):
             entry = self.pods[victim]
-            if entry.evicting_for == TERMINATING and entry.request.priority < priority:
+            if entry.evicting_for == TERMINATING and (entry.request.priority < priority
+                                                      or (reclaims is not None and reclaims(entry))):
                 entry.evicting_for = uid
                 nomination.victims.add(victim)
         nomination.deadline = self.clock() + timeout_s(nomination.victims)
@@ -580,7 +586,9 @@ class ClusterState:
         waits: what it frees is held for that nomination's pod, the highest priority first."""
         best: Nomination | None = None
         for nomination in self.nominations.values():
-            if (nomination.adopted and nomination.node == entry.node and nomination.priority > entry.request.priority
+            if (nomination.adopted and nomination.node == entry.node
+                    and (nomination.priority > entry.request.priority
+                         or (nomination.reclaims is not None and nomination.reclaims(entry)))
                     and (best is None or nomination.priority > best.priority)):
                 best = nomination
         if best is not None:
