@@ -36,6 +36,8 @@ class ApiServer:
         self.commit = True
         self.hold: asyncio.Event | None = None  # set: Bindings wait for it before anything happens
         self.arrivals: list[tuple[float, str, str]] = []  # (time.monotonic(), method, path) of every write
+        self.written: list[tuple[str, str, dict[str, Any]]] = []  # (method, path, body) of every other write
+        self.refuse: dict[str, int] = {}  # pod name -> the status its Bindings are refused with
         self.partitioned = False  # True: requests are held undelivered (a black hole); dropped if the client goes
         self.reads = 0
         self.lists = 0
@@ -71,6 +73,8 @@ class ApiServer:
             if self.hold is not None:
                 await self.hold.wait()
             return await self._bind(request, parts[3])
+        if request.method != "GET":
+            self.written.append((request.method, request.path, json.loads(await request.read() or b"{}")))
         if request.method == "GET" and len(parts) == 6 and parts[4] == "pods":
             self.reads += 1
             pod = self.objects[PODS].get(f"{parts[3]}/{parts[5]}")
@@ -101,6 +105,9 @@ class ApiServer:
         body = json.loads(await request.read())
         key = f"{namespace}/{body['metadata']['name']}"
         pod = self.objects[PODS][key]
+        if body["metadata"]["name"] in self.refuse:
+            return web.json_response({"kind": "Status", "reason": "Forbidden", "message": "refused"},
+                                     status=self.refuse[body["metadata"]["name"]])
         if pod["spec"].get("nodeName"):
             return web.json_response({"kind": "Status", "reason": "Conflict", "message": (
                 f"pod {key} is already assigned to node \"{pod['spec']['nodeName']}\"")}, status=409)

@@ -34,6 +34,8 @@ class PodGroup:
     timed_out: bool = False  # the timeout Event was written (once per wait)
     last_message: str = ""  # why the last attempt did not place it
     written: dict[str, Any] = field(default_factory=dict)  # the status last written
+    committed: bool = False  # its minimum was placed in one statement (cleared when it is released)
+    broken_since: float | None = None  # monotonic: a committed member's Binding failed, the gang is short
 
     @property
     def namespace(self) -> str:
@@ -96,6 +98,7 @@ class Gangs:
         if old is not None and old.uid == group.uid:
             group.first_try, group.timed_out, group.written = old.first_try, old.timed_out, old.written
             group.last_message = old.last_message
+            group.committed, group.broken_since = old.committed, old.broken_since
             if (old.min_member, old.timeout_s, old.problem) == (group.min_member, group.timeout_s, group.problem):
                 self.groups[group.key] = group
                 return None  # a status write of ours, or metadata
@@ -174,3 +177,27 @@ class Gangs:
         group = self.groups.get(key)
         if group is not None:
             group.first_try, group.timed_out = None, False
+            group.committed, group.broken_since = True, None
+
+    def broke(self, key: str) -> PodGroup | None:
+        """A member of the committed gang `key` failed its Binding: the group, when this starts a repair."""
+        group = self.groups.get(key)
+        if group is None or not group.committed or group.broken_since is not None:
+            return None
+        group.broken_since = self.clock()
+        return group
+
+    def to_release(self, state: ClusterState, default_timeout_s: float) -> list[PodGroup]:
+        """Broken gangs still short of their minimum after their timeout (scheduleTimeoutSeconds, else
+        `default_timeout_s`): their bound members are to be released. Healed ones stop being broken."""
+        out = []
+        now = self.clock()
+        for group in self.groups.values():
+            if group.broken_since is None:
+                continue
+            if len(self.placed(group.key, state)) >= group.min_member:
+                group.broken_since = None  # whole again
+            elif now - group.broken_since >= (group.timeout_s or default_timeout_s):
+                group.broken_since, group.committed = None, False
+                out.append(group)
+        return out

@@ -28,6 +28,7 @@ from typing import Any
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragmentation_milli
 from gpupool_sched.placement.framework import Policy
+from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.registry import POLICIES, build_policy
 from gpupool_sched.placement.workload import RollingProfile, forget_profile
 from gpupool_sched.scheduler import gcpolicy
@@ -83,6 +84,7 @@ class SchedulerConfig:
     profile_window: int = 2000
     housekeeping_s: float = 1.0
     nomination_slack_s: float = 60.0  # freed GPUs are held for a preemptor the victims' grace + this
+    gang_repair_s: float = 60.0  # a committed gang short of a member (failed Binding) for this long is released
     max_checkpoint_grace_s: int = DEFAULT_MAX_CHECKPOINT_GRACE_S  # gpupool.io/checkpoint-grace-seconds cap
     consistency_check_s: float = 300.0  # a re-list of every watched kind that repairs what the watch missed
     freeze_gc: bool = False  # the process's own (CLI): gc.freeze() after the first sync
@@ -479,6 +481,12 @@ class SchedulerService:
         if result.statement is None or result.preemption is not None:
             assert result.unschedulable is not None
             message = f"PodGroup {key}: {result.unschedulable.message}"
+            if placed:  # a gang short of members it had: say so, not "0 of the 1 members it needs"
+                why = result.unschedulable.message
+                if isinstance(result.unschedulable, GangUnschedulable):
+                    why = result.unschedulable.unschedulable.message  # the per-node reasons
+                message = (f"PodGroup {key}: {len(placed)} of the {group.min_member} members (minMember) are "
+                           f"bound and {need} more must join them; none fits now: {why}")
             if result.preemption is not None:
                 why = eviction_reason(result.reclaim, verdict.quota if verdict is not None else None)
                 for member, eviction in result.statement.evictions if result.statement else ():
@@ -519,10 +527,26 @@ class SchedulerService:
             group.last_message = message
 
     def _bound(self, outcome: BindOutcome, item: QueuedPod) -> None:
+        plan = outcome.plan
         if outcome.ok:
             self.queue.done(item.uid)
-            plan = outcome.plan
             self.recorder.scheduled(plan.namespace, plan.name, plan.uid, outcome.node)
+            return
+        key = self.gangs.member_of(plan.uid)
+        if key is None or plan.uid in self.state.pods:
+            return  # not a gang member, or its outcome is still unknown (kept while it is read)
+        group = self.gangs.broke(key)
+        if group is None:
+            return
+        placed = len(self.gangs.placed(key, self.state))
+        timeout = group.timeout_s or self.config.gang_repair_s
+        message = (f"member {plan.key}'s Binding to {outcome.node} failed ({outcome.error}): {placed} of the "
+                   f"{group.min_member} members (minMember) are bound; the member is retried, and the bound "
+                   f"ones are released if the gang is not whole again within {timeout:.0f} s")
+        log.warning("PodGroup %s: %s", key, message)
+        self.recorder.record_object((f"{GROUP}/{VERSION}", "PodGroup"), group.namespace, group.name, group.uid,
+                                    "Warning", "GangBroken", message)
+        group.last_message = message
 
     def _unbound(self, uid: str) -> None:
         """A pod read unbound after its Binding's outcome was unknown: back to the queue."""
@@ -551,6 +575,7 @@ class SchedulerService:
                 self._verify_unconfirmed()
                 self._expire_nominations()
                 self._write_gang_status()
+                self._release_broken_gangs()
                 if self.leader.is_leader:
                     self._spawn(self._publish_quotas())
                 self._gauges(full=tick % 5 == 0)
@@ -578,6 +603,38 @@ class SchedulerService:
         self.metrics.gangs.clear()
         for phase, n in phases.items():
             self.metrics.gangs.labels(phase=phase).set(n)
+
+    def _release_broken_gangs(self) -> None:
+        """A committed gang that lost a member (its Binding failed) and is still short after its timeout:
+        its bound members are evicted (their controller recreates them, and the gang is placed whole)."""
+        if not self.leader.is_leader:
+            return
+        for group in self.gangs.to_release(self.state, self.config.gang_repair_s):
+            bound = [self.state.pods[u] for u in sorted(self.gangs.placed(group.key, self.state))]
+            bound = [e for e in bound if e.phase.value in ("bound", "confirmed")]
+            message = (f"not whole again within {group.timeout_s or self.config.gang_repair_s:.0f} s after a "
+                       f"member's Binding failed: releasing its {len(bound)} bound member(s) "
+                       f"({', '.join(e.key for e in bound) or 'none'}) so that it is placed whole again")
+            log.warning("PodGroup %s: %s", group.key, message)
+            self.recorder.record_object((f"{GROUP}/{VERSION}", "PodGroup"), group.namespace, group.name, group.uid,
+                                        "Warning", "GangReleased", message)
+            group.last_message = message
+            for entry in bound:
+                namespace, _, name = entry.key.partition("/")
+                self.recorder.record(namespace, name, entry.uid, "Warning", "GangReleased",
+                                     f"evicted: its PodGroup {group.key} is short of minMember ({message})")
+                self._spawn(self._evict_member(group.key, namespace, name, entry.uid))
+
+    async def _evict_member(self, key: str, namespace: str, name: str, uid: str) -> None:
+        try:
+            await self.api.evict(namespace, name, uid, None)
+        except ApiError as exc:
+            log.warning("pod %s/%s: releasing it from its broken gang failed (%s); trying again after the "
+                        "gang's timeout", namespace, name, exc)
+            group = self.gangs.groups.get(key)
+            if group is not None and group.broken_since is None:
+                group.committed = True
+                self.gangs.broke(key)
 
     async def _patch_gang_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         try:
