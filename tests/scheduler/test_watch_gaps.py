@@ -11,10 +11,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gpupool_sched.scheduler.gangs import POD_GROUP_LABEL, PODGROUPS
 from gpupool_sched.scheduler.informer import Drift, WatchedKind
+from gpupool_sched.scheduler.quotas import QUOTAS_PATH
 from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
 from gpupool_sched.scheduler.state import Phase
 from tests.scheduler.apiserver import NODES, PODS, ApiServer, serving, settle
+from tests.scheduler.test_quotas import ns_obj, quota_obj, team_spec
 from tests.scheduler.test_state import node_obj, pod_obj
 
 
@@ -134,15 +137,30 @@ def test_a_list_older_than_the_watch_changes_nothing_the_watch_showed() -> None:
 
 
 def test_a_gangs_member_quota_and_budget_deleted_in_a_gap_are_gone_too() -> None:
+    """A gang member deleted in the gap no longer counts toward minMember; a deleted GpuQuota no longer
+    refuses its team's pods; a deleted PodDisruptionBudget no longer protects anyone."""
+
     async def test(service: SchedulerService, server: ApiServer) -> None:
         server.put(NODES, node_obj("n1"))
+        server.put("/api/v1/namespaces", ns_obj("ns", team="a"))
+        quota = server.put(QUOTAS_PATH, quota_obj("a", team_spec("a", 0)))  # team a may use no GPU
         budget = server.put(PDBS, {"metadata": {"name": "b", "namespace": "ns", "uid": "pdb-1"},
                                    "spec": {"selector": {"matchLabels": {"app": "x"}}},
                                    "status": {"disruptionsAllowed": 0}})
+        server.put(PODGROUPS, {"metadata": {"name": "g", "namespace": "ns", "uid": "g-1"},
+                               "spec": {"minMember": 2}})
+        worker = pod_obj("w0", gpus=1, node="n1", phase="Running")
+        worker["metadata"]["labels"] = {POD_GROUP_LABEL: "g"}
+        worker = server.put(PODS, worker)
         await service.resync()
-        assert ("ns", "b") in service.budgets.budgets
+        assert ("ns", "b") in service.budgets.budgets and service.gangs.placed("ns/g", service.state)
+        assert not service.quotas.check(service.state.plan(pod_obj("p", gpus=1))).ok
         server.delete(PDBS, budget)
+        server.delete(QUOTAS_PATH, quota)
+        server.delete(PODS, worker)
         await service.informers.list_all()
         assert ("ns", "b") not in service.budgets.budgets
+        assert service.gangs.placed("ns/g", service.state) == []
+        assert service.quotas.check(service.state.plan(pod_obj("p", gpus=1))).ok
 
     asyncio.run(with_service(test))
