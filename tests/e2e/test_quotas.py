@@ -5,6 +5,7 @@ GpuQuota gets Valid=False and changes nothing else."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,3 +222,50 @@ def test_a_gang_reclaims_its_teams_borrowed_gpus_for_its_whole_minimum(
     assert_reclaimed(kube, ns_a, before_a, after_a, 4)
     assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="quota") == 4
     assert proc.metric("gpupool_scheduler_preemption_victims_total", reason="priority") == 0
+
+
+def test_a_gang_binds_only_the_members_its_quota_admits(
+    kube: ClusterClient, log_dir: Path, pool: tuple[str, list[str]], teams: tuple[str, str, str],
+) -> None:
+    """Issue 16 A4: a quota of 2 guaranteed GPUs, borrowing 0, and a PodGroup of 4 one-GPU workers with
+    minMember 2, on a pool with 16 free GPUs: exactly 2 bind, the other 2 stay pending with the quota's
+    FailedScheduling Event (before: all 4 bound, 4 GPUs used). When a bound worker ends, a waiting one
+    takes its place."""
+    name, _ = pool
+    tag, ns_a, _ = teams
+    qa = f"gang-a-{tag}"
+    quota(kube, qa, {"namespaceSelector": {"matchLabels": {"team": f"a-{tag}"}}, "guaranteed": {"gpus": 2}})
+    proc = start_scheduler(kube, unique("gpupool"), log_dir)
+    try:
+        group = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": "workers"},
+                 "spec": {"minMember": 2}}
+        client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(
+            "scheduling.x-k8s.io", "v1alpha1", ns_a, "podgroups", group)
+        create_pods(kube.core, ns_a, [pod(f"w-{i}", proc.name, name, gpus=1,
+                                          labels={"scheduling.x-k8s.io/pod-group": "workers"}) for i in range(4)],
+                    concurrency=4)
+        wait_bound(kube, ns_a, 2, timeout_s=60)
+
+        def waiting_told() -> list[str] | None:
+            pending = [p["metadata"]["name"] for p in list_pods(kube, ns_a) if not p["spec"].get("nodeName")]
+            told = [n for n in pending
+                    if any(qa in e["message"] for e in events_for(kube, ns_a, n, "FailedScheduling"))]
+            return pending if len(pending) == 2 and told == pending else None
+
+        pending = wait_until(waiting_told, 30, "the 2 members beyond the quota pending, told its name")
+        used = wait_until(lambda: quota_status(kube, qa).get("used", {}).get("gpus") == 2 or None, 20,
+                          "the quota's status: 2 GPUs used")
+        assert used
+        time.sleep(3)  # housekeeping and retries had their chance: still 2
+        bound = [p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")]
+        assert len(bound) == 2, bound
+        # one bound worker ends: one waiting worker takes its GPU, the last one still waits
+        kube.core.delete_namespaced_pod(bound[0], ns_a, grace_period_seconds=0)
+        wait_until(lambda: any(p["metadata"]["name"] in pending and p["spec"].get("nodeName")
+                               for p in list_pods(kube, ns_a)) or None, 30, "a waiting worker bound")
+        time.sleep(2)
+        now = [p["metadata"]["name"] for p in list_pods(kube, ns_a) if p["spec"].get("nodeName")]
+        assert len(now) == 2, now
+    finally:
+        proc.stop()
+        delete_quota(kube, qa)
