@@ -264,3 +264,36 @@ def test_requests_before_the_state_is_built_get_503() -> None:
         assert srv.request("GET", "/healthz")[0] == 200
     finally:
         stop_server(srv, thread)
+
+
+def test_a_bind_cut_off_while_its_binding_is_on_the_wire_keeps_the_gpus_until_read() -> None:
+    """kube-scheduler's bind call times out (the extender's --bind-timeout) while the Binding is held
+    by a slow API server: the pod keeps its GPUs, marked uncertain, and a read settles it once the
+    Binding lands (issue 16 A2). Before, the cancelled bind forgot the pod at once."""
+    from gpupool_sched.extender.protocol import BindingArgs
+    from gpupool_sched.scheduler.state import Phase
+    from tests.scheduler.apiserver import PODS, serving
+
+    async def run() -> None:
+        async with serving() as (api_server, api):
+            extender = Extender(ExtenderConfig(bind_timeout_s=0.3), api)
+            extender.synced.set()
+            extender.on_node("ADDED", node("n1"))
+            obj = api_server.put(PODS, pod("a", gpus=4))
+            extender.on_pod("ADDED", obj)
+            api_server.hold = asyncio.Event()  # the Binding is on the wire, unanswered
+            answer = await extender.bind(BindingArgs("a", "ns", obj["metadata"]["uid"], "n1"))
+            assert "no Binding within" in answer["Error"]
+            entry = extender.state.pods.get(obj["metadata"]["uid"])
+            assert entry is not None and entry.uncertain, "the cut-off bind freed GPUs its Binding may take"
+            api_server.hold.set()  # it lands
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                entry = extender.state.pods.get(obj["metadata"]["uid"])
+                if entry is not None and entry.phase is Phase.CONFIRMED:
+                    break
+            assert entry is not None and entry.phase is Phase.CONFIRMED and not entry.uncertain
+            assert api_server.bindings == [("ns/a", "n1")]
+            await extender.binder.drain()
+
+    asyncio.run(run())
