@@ -159,3 +159,39 @@ def test_says_unschedulable_compares_status_reason_and_the_stored_message() -> N
     assert not says_unschedulable({"status": {}}, MESSAGE)
     long = "x" * 3000  # the API server keeps what was written: the first 1,024 characters
     assert says_unschedulable(pod(status="False", reason="Unschedulable", message=long[:1024]), long)
+
+
+def test_a_report_that_got_no_answer_is_tried_again_until_it_lands() -> None:
+    """The API server restarting: the Event and the condition get 503s, then land on a later try
+    (before, a pod reported unschedulable during an outage was never told)."""
+
+    async def test(recorder: EventRecorder, server: Server, metrics: SchedulerMetrics) -> None:
+        unavailable = (503, {"kind": "Status", "reason": "ServiceUnavailable", "message": "restarting"})
+        server.answers.extend([unavailable, unavailable, unavailable])  # Event, condition, then the Event again
+        recorder.unschedulable("team-a", "p", "uid-p", MESSAGE)
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if _outcome(metrics, "posted") == 1 and len(server.seen) >= 5:
+                break
+        await _drain(recorder)
+        paths = [r["path"].rsplit("/", 1)[-1] for r in server.seen]
+        assert paths == ["events", "status", "events", "status", "events"], paths
+        assert _outcome(metrics, "retried") == 2 and _outcome(metrics, "posted") == 1
+
+    _run(test, retry_s=0.1)
+
+
+def test_a_condition_is_not_written_again_once_the_pod_no_longer_waits() -> None:
+    waiting = {"uid-p": True}
+
+    async def test(recorder: EventRecorder, server: Server, metrics: SchedulerMetrics) -> None:
+        unavailable = (503, {"kind": "Status", "reason": "ServiceUnavailable", "message": "restarting"})
+        server.answers.extend([(201, {}), unavailable])  # the Event lands, the condition does not
+        recorder.unschedulable("team-a", "p", "uid-p", MESSAGE)
+        await _drain(recorder)
+        waiting["uid-p"] = False  # bound meanwhile: PodScheduled=False must not overwrite it
+        await asyncio.sleep(0.4)
+        await _drain(recorder)
+        assert [r["path"].rsplit("/", 1)[-1] for r in server.seen] == ["events", "status"]
+
+    _run(test, retry_s=0.1, waiting=lambda uid: waiting.get(uid, False))

@@ -10,6 +10,11 @@ help it, and each try ends in the same report. As client-go's event correlator d
 identical to one made for the same object within `series_window_s` joins the earlier Event: its
 `count` and `lastTimestamp` are updated, at most once per `series_refresh_s`, instead of a new
 Event being posted each time (`kubectl describe` then shows "x12 over 5m").
+
+A write that fails for want of an answer (no connection, a 5xx, 429: the API server restarting or
+overloaded) is tried again every `retry_s`, up to `max_tries` times, as client-go's broadcaster does
+(12 tries, 10 s apart): a pod reported unschedulable during an outage is still told once it ends. A
+condition is written again only while the pod still waits (`waiting`), never over a later Binding.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,6 +35,8 @@ log = logging.getLogger(__name__)
 
 SERIES_WINDOW_S = 360.0  # client-go: an isomorphic event within 6 minutes joins the series
 SERIES_REFRESH_S = 60.0
+RETRY_S = 5.0
+MAX_TRIES = 12
 SERIES_CAPACITY = 20_000  # objects whose last report is remembered (least recently reported dropped)
 MAX_NAME = 253
 
@@ -55,6 +63,7 @@ class Report:
     event: str | None = None  # the Event object's name (None: the API server makes one up)
     count: int = 1  # > 1: update the count of the existing Event `event`
     post: bool = True  # False: the condition only (the Event is current)
+    tries: int = 0  # earlier attempts that failed for want of an answer
 
     @property
     def series_key(self) -> tuple[str, str, str, str]:
@@ -72,7 +81,9 @@ class _Series:
 
 class EventRecorder:
     def __init__(self, api: KubeApi, metrics: SchedulerMetrics, *, workers: int = 4, capacity: int = 1000,
-                 series_window_s: float = SERIES_WINDOW_S, series_refresh_s: float = SERIES_REFRESH_S) -> None:
+                 series_window_s: float = SERIES_WINDOW_S, series_refresh_s: float = SERIES_REFRESH_S,
+                 retry_s: float = RETRY_S, max_tries: int = MAX_TRIES,
+                 waiting: Callable[[str], bool] | None = None) -> None:
         if workers < 1 or capacity < 1:
             raise ValueError("need at least one worker and room for one report")
         self.api = api
@@ -80,6 +91,10 @@ class EventRecorder:
         self.workers = workers
         self.series_window_s = series_window_s
         self.series_refresh_s = series_refresh_s
+        self.retry_s = retry_s
+        self.max_tries = max_tries
+        self.waiting = waiting  # UID -> the pod still waits to be scheduled (its condition may be written)
+        self._retries: set[asyncio.TimerHandle] = set()
         # one queue per worker, chosen by the object's UID: one pod's reports are written in the order
         # they were made (a later condition is never overwritten by an earlier one still in flight)
         room = max(1, capacity // workers)
@@ -96,6 +111,9 @@ class EventRecorder:
         if self._tasks and self.queued:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.flush(), timeout=flush_s)
+        for handle in self._retries:
+            handle.cancel()
+        self._retries.clear()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -173,17 +191,35 @@ class EventRecorder:
                 queue.task_done()
 
     async def _post(self, r: Report) -> None:
-        if r.post:
-            await self._write_event(r)
-        if not r.unschedulable:
+        posted = await self._write_event(r) if r.post else True
+        conditioned = True
+        if r.unschedulable and (self.waiting is None or self.waiting(r.uid)):
+            try:
+                await self.api.set_unschedulable(r.namespace, r.name, r.message)
+            except ApiError as exc:
+                conditioned = not _retryable(exc)
+                if conditioned and exc.status != 404:
+                    log.warning("pod %s/%s: setting PodScheduled=False failed: %s", r.namespace, r.name, exc)
+        if posted and conditioned:
             return
-        try:
-            await self.api.set_unschedulable(r.namespace, r.name, r.message)
-        except ApiError as exc:
-            if exc.status != 404:
-                log.warning("pod %s/%s: setting PodScheduled=False failed: %s", r.namespace, r.name, exc)
+        if r.tries + 1 >= self.max_tries:
+            log.warning("%s on %s/%s: given up after %d tries", r.reason, r.namespace, r.name, r.tries + 1)
+            return
+        again = replace(r, tries=r.tries + 1, post=r.post and not posted,
+                        unschedulable=r.unschedulable and not conditioned)
+        self.metrics.events.labels(reason=r.reason, outcome="retried").inc()
+        handle: asyncio.TimerHandle | None = None
 
-    async def _write_event(self, r: Report) -> None:
+        def due() -> None:
+            if handle is not None:
+                self._retries.discard(handle)
+            self._enqueue(again)
+
+        handle = asyncio.get_running_loop().call_later(self.retry_s, due)
+        self._retries.add(handle)
+
+    async def _write_event(self, r: Report) -> bool:
+        """False when it failed for want of an answer (worth another try)."""
         try:
             if r.count > 1 and r.event:
                 await self.api.update_event_count(r.namespace, r.event, r.count)
@@ -193,10 +229,24 @@ class EventRecorder:
                                           reason=r.reason, message=r.message, involved=r.involved, event=r.event)
                 self.metrics.events.labels(reason=r.reason, outcome="posted").inc()
         except ApiError as exc:
+            if exc.status == 409 and r.tries:  # an earlier try landed after all (its answer was lost)
+                return True
             self.metrics.events.labels(reason=r.reason, outcome="failed").inc()
             if r.count > 1 and exc.status == 404:  # the Event expired (the API server's TTL): start anew
                 series = self._series.get(r.series_key)
                 if series is not None and series.event == r.event:
                     del self._series[r.series_key]
+            elif _retryable(exc):
+                log.info("event %s on %s/%s: no answer (%s); trying again in %.0f s", r.reason, r.namespace,
+                         r.name, exc, self.retry_s)
+                return False
             elif exc.status not in (404, 403):
                 log.warning("event %s on %s/%s failed: %s", r.reason, r.namespace, r.name, exc)
+        return True
+
+
+def _retryable(exc: ApiError) -> bool:
+    """No answer, or the API server could not take it now (not a refusal, and not a deposed leader's)."""
+    if exc.reason == "NotLeader":
+        return False
+    return exc.status == 0 or exc.status >= 500 or exc.status == 429

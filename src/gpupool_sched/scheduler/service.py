@@ -139,7 +139,8 @@ class SchedulerService:
         # reports on API threads of their own: behind a burst of Bindings they would wait their turn
         # for its whole length and the bounded queue would drop nearly all of them
         self.recorder = EventRecorder(api.lane(config.event_workers), self.metrics,
-                                      workers=config.event_workers)
+                                      workers=config.event_workers,
+                                      waiting=lambda uid: uid in self._pending and uid not in self.state.pods)
         self.budgets = DisruptionBudgets()
         self.preemptor = Preemptor(self.state, api, self.queue, self.metrics, self.recorder,
                                    max_checkpoint_grace_s=config.max_checkpoint_grace_s)
