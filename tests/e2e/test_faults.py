@@ -333,6 +333,7 @@ def test_watch_gap_with_410_forgets_what_was_deleted(
 
     proxy.set_mode(CUT)
     cut_at = time.monotonic()
+    cut_wall = time.time()
     delete_pods(kube, ns, [m["metadata"]["name"] for m in before if m["metadata"]["name"].startswith("d")])
     kube.delete_nodes(doomed)
     freed = [f"s{i}-{j}" for i in range(4) for j in range(2)]
@@ -344,7 +345,6 @@ def test_watch_gap_with_410_forgets_what_was_deleted(
     restart_s = kube.cluster.restart_apiserver()
     proxy.set_mode(PASS)
     opened = time.monotonic()
-    opened_wall = time.time()
 
     def settled() -> bool:
         placed = {n: at for n, at in bound_pods(kube, ns).items() if n.startswith("new-")}
@@ -367,11 +367,18 @@ def test_watch_gap_with_410_forgets_what_was_deleted(
         "newcomers_on_deleted_nodes": sorted(n for n, at in placed.items() if at in doomed),
         "seconds_to_bind_after_reconnect": round(took, 1), "metrics_naming_deleted_nodes": still_named,
     }
-    after = [r for r in proxy.snapshot() if r.sent_at >= opened_wall]
+    # the point of the compaction and restart: the resumed watches are refused (410 Gone), not replayed.
+    # A watch is logged when its answer ends, which may come after the pods above were bound: wait for it.
+
+    def gone_watches() -> list[str]:
+        return sorted({r.path.rsplit("/", 1)[-1] for r in proxy.snapshot()
+                       if r.sent_at >= cut_wall and "watch=true" in r.query and r.gone})
+
+    settle(lambda: {"pods", "nodes"} <= set(gone_watches()), 15, "", interval=0.5)
+    figures["watches_answered_410"] = gone_watches()
+    # from the cut on: a watch reconnecting as the proxy opens may have reached it a moment before
+    after = [r for r in proxy.snapshot() if r.sent_at >= cut_wall]
     bindings = [r for r in after if BINDING.match(r.path)]
-    # the point of the compaction and restart: the resumed watches are refused (410 Gone), not replayed
-    figures["watches_answered_410"] = sorted({r.path.rsplit("/", 1)[-1] for r in after
-                                              if "watch=true" in r.query and r.gone})
     try:
         assert {"pods", "nodes"} <= set(figures["watches_answered_410"]), (
             f"the resumed pod and node watches were not answered 410 Gone "

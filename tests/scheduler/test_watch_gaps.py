@@ -61,18 +61,27 @@ def test_what_was_deleted_during_a_gap_leaves_the_state() -> None:
         server.delete(NODES, n2)
         server.delete(PODS, trainer)
         service.informers.synced = True
-        # kopf's re-list after 410 Gone: what it found, as events of type None; nothing about the rest
-        service.informers.watch("nodes", None, server.objects[NODES]["/n1"])
-        await until(lambda: service.informers.relists > 0)
-        assert trainer["metadata"]["uid"] not in service.state.pods
-        assert "n2" not in service.state.nodes and "n1" in service.state.nodes
-        assert repairs(service, "pods", "deleted") == 1 and repairs(service, "nodes", "deleted") == 1
-        # a newcomer gets n1's GPUs the trainer freed, and nothing is bound to the deleted n2
-        newcomer = server.put(PODS, pod_obj("newcomer", gpus=4))
-        service.informers.watch("pods", "ADDED", newcomer)
-        await settle(service)
-        assert server.bindings == [("ns/newcomer", "n1")]
-        assert n1["metadata"]["name"] == "n1"
+        service.synced.set()
+        cycle = asyncio.get_running_loop().create_task(service._cycle_loop())
+        try:
+            # kopf's re-list after 410 Gone: what it finds, as events of type None, the new pod among them,
+            # before anything about the nodes; nothing about what is gone
+            newcomer = server.put(PODS, pod_obj("newcomer", gpus=4))
+            service.informers.watch("pods", None, newcomer)
+            assert service.informers.stale  # no decision until the re-list is applied
+            service.informers.watch("nodes", None, server.objects[NODES]["/n1"])
+            await until(lambda: service.informers.relists > 0)
+            assert trainer["metadata"]["uid"] not in service.state.pods
+            assert "n2" not in service.state.nodes and "n1" in service.state.nodes
+            assert repairs(service, "pods", "deleted") == 1 and repairs(service, "nodes", "deleted") == 1
+            # the newcomer gets n1's GPUs the trainer freed, and nothing is bound to the deleted n2
+            await until(lambda: bool(server.bindings))
+            await asyncio.sleep(0.2)
+            assert server.bindings == [("ns/newcomer", "n1")]
+            assert n1["metadata"]["name"] == "n1" and not service.informers.stale
+        finally:
+            cycle.cancel()
+            await asyncio.gather(cycle, return_exceptions=True)
 
     asyncio.run(with_service(test))
 

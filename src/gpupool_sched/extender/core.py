@@ -200,6 +200,8 @@ class Extender:
     def _ready(self) -> None:
         if not self.synced.is_set():
             raise NotReady("the extender's caches are not synced yet")
+        if self.informers.stale:  # kube-scheduler retries; an answer now could name a deleted node
+            raise NotReady("the extender is re-listing after a watch gap")
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
         self._ready()

@@ -18,7 +18,9 @@ list and the watch can interleave in any order.
 
 `Informers` lists every kind when kopf shows it re-listed (an event of type None after the start-up
 sync: the watch had a gap), and every `consistency_check_s` in any case; what a list repairs is
-logged and counted (`gpupool_scheduler_cache_repairs_total`).
+logged and counted (`gpupool_scheduler_cache_repairs_total`). From the first sign of a gap until that
+list is applied the state is `stale`: kopf's re-list hands over new pods before it says anything of the
+nodes deleted meanwhile, and a decision then could bind a pod to a node that is gone.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[str | None, dict[str, Any]], None]
 TOMBSTONE_S = 600.0  # how long a deletion is remembered (a list older than that is not expected)
-RELIST_DEBOUNCE_S = 1.0  # kopf hands a re-list over object by object: one list of ours after it starts
+RELIST_QUIET_S = 0.5  # kopf hands a re-list over object by object: ours starts once it has been quiet this long
+RELIST_WAIT_MAX_S = 10.0  # ... or this long after the first of them, however long kopf's takes
 
 
 def _version(obj: Mapping[str, Any]) -> int:
@@ -151,6 +154,8 @@ class Informers:
         self.consistency_check_s = consistency_check_s
         self.synced = False
         self.relists = 0
+        self.stale = False  # a gap was seen and its re-list is not applied yet: decide nothing
+        self._last_gap_event = 0.0
         self._wanted = False
         self._task: asyncio.Task[None] | None = None
         self.repairs = Counter(
@@ -165,9 +170,11 @@ class Informers:
 
     def watch(self, name: str, kind: str | None, obj: dict[str, Any]) -> None:
         """A kopf event. Type None after the sync means kopf is listing again: the watch had a gap."""
-        self.kinds[name].event(kind, obj)
         if kind is None and self.synced:
+            self.stale = True
+            self._last_gap_event = time.monotonic()
             self.relist_soon()
+        self.kinds[name].event(kind, obj)
 
     async def list_all(self, *, initial: bool = False) -> dict[str, Drift]:
         """LIST every kind, in order, and apply what each list says (`initial`: nothing is drift)."""
@@ -205,7 +212,13 @@ class Informers:
         failures = 0
         while self._wanted:
             self._wanted = False
-            await asyncio.sleep(RELIST_DEBOUNCE_S if not failures else min(30.0, 2.0 ** failures))
+            if failures:
+                await asyncio.sleep(min(30.0, 2.0 ** failures))
+            began = time.monotonic()
+            while (quiet := time.monotonic() - self._last_gap_event) < RELIST_QUIET_S:
+                if time.monotonic() - began >= RELIST_WAIT_MAX_S:
+                    break
+                await asyncio.sleep(RELIST_QUIET_S - quiet)
             try:
                 await self.list_all()
                 failures = 0
@@ -213,6 +226,7 @@ class Informers:
                 failures += 1
                 self._wanted = True
                 log.warning("re-listing after a watch gap failed (%s); trying again", exc)
+        self.stale = False
 
     async def run_checks(self) -> None:
         """The periodic consistency check: a re-list every `consistency_check_s`."""

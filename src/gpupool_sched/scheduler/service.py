@@ -345,6 +345,9 @@ class SchedulerService:
             if not self.leader.is_leader:
                 await asyncio.sleep(0.2)
                 continue
+            if self.informers.stale:  # a watch gap is being repaired: decide on the repaired state
+                await asyncio.sleep(0.05)
+                continue
             item = self.queue.pop()
             if item is None:
                 await self.queue.wait(timeout=1.0)
@@ -360,7 +363,8 @@ class SchedulerService:
                     self.metrics.attempts.labels(result="error").inc()
                     self.queue.backoff(item)
                 self.decisions += 1
-                item = self.queue.pop() if time.monotonic() < until and self.leader.is_leader else None
+                item = (self.queue.pop() if time.monotonic() < until and self.leader.is_leader
+                        and not self.informers.stale else None)
             await asyncio.sleep(0)
 
     def schedule_one(self, item: QueuedPod) -> None:
