@@ -16,7 +16,7 @@ from gpupool_sched.scheduler.informer import Drift, WatchedKind
 from gpupool_sched.scheduler.quotas import QUOTAS_PATH
 from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
 from gpupool_sched.scheduler.state import Phase
-from tests.scheduler.apiserver import NODES, PODS, ApiServer, serving, settle
+from tests.scheduler.apiserver import NODES, PODS, ApiServer, serving
 from tests.scheduler.test_quotas import ns_obj, quota_obj, team_spec
 from tests.scheduler.test_state import node_obj, pod_obj
 
