@@ -72,9 +72,11 @@ class ClusterClient:
         *,
         tag: str = "kube-scheduler",
         extra_config: dict[str, object] | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> TrackedProcess:
         """The real kube-scheduler with one profile `scheduler_name`; stopped by `close()` or `down`."""
-        process = self.cluster.start_kube_scheduler(scheduler_name=scheduler_name, tag=tag, extra_config=extra_config)
+        process = self.cluster.start_kube_scheduler(scheduler_name=scheduler_name, tag=tag, extra_config=extra_config,
+                                                    extra_args=extra_args)
         self._schedulers.append(process)
         return process
 

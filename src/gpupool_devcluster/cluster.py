@@ -265,10 +265,12 @@ class DevCluster:
         scheduler_name: str = "default-scheduler",
         tag: str = "kube-scheduler",
         extra_config: dict[str, object] | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> TrackedProcess:
         """Run the real kube-scheduler against this cluster with one profile named `scheduler_name`
-        (`extra_config` is merged into its KubeSchedulerConfiguration, e.g. `extenders`). Its pid file is
-        run/<tag>.pid, so `down` stops it too; stop it earlier with `.stop()`."""
+        (`extra_config` is merged into its KubeSchedulerConfiguration, e.g. `extenders`; `extra_args` are
+        further flags). Its pid file is run/<tag>.pid, so `down` stops it too; stop it earlier with
+        `.stop()`."""
         ClusterLayout.for_name(tag)  # same rules as cluster names: it becomes a file name
         self.require_running()
         bins = ClusterBinaries.locate()
@@ -278,7 +280,7 @@ class DevCluster:
         components.write_scheduler_config(config_file, config)
         port = components.free_port()
         process = self._spawn(
-            tag, components.scheduler_argv(bins, layout, config_file, port, layout.root / "pki" / tag)
+            tag, components.scheduler_argv(bins, layout, config_file, port, layout.root / "pki" / tag, extra_args)
         )
         try:
             components.wait_ready(

@@ -219,7 +219,8 @@ def scheduler_config(
 
 
 def scheduler_argv(
-    bins: ClusterBinaries, layout: ClusterLayout, config_file: Path, port: int, cert_dir: Path
+    bins: ClusterBinaries, layout: ClusterLayout, config_file: Path, port: int, cert_dir: Path,
+    extra_args: tuple[str, ...] = (),
 ) -> list[str]:
     kubeconfig = layout.component_kubeconfig("kube-scheduler")
     return [
@@ -230,6 +231,7 @@ def scheduler_argv(
         f"--bind-address={LOOPBACK}",
         f"--secure-port={port}",
         f"--cert-dir={cert_dir}",
+        *extra_args,
     ]
 
 

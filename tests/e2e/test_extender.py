@@ -79,7 +79,12 @@ def extender(kube: ClusterClient, tmp_path: Path) -> Iterator[tuple[str, int, Pa
         wait_until(lambda: process.poll() is not None or get(port, "/readyz")[0] == 200,
                    60, "the extender ready")
         assert process.poll() is None, log.read_text()[-3000:]
-        scheduler = kube.start_kube_scheduler(name, tag=f"kube-scheduler-{name}", extra_config=extender_config(port))
+        # kube-scheduler retries a pod the extender refused on the next cluster event; when the extender's
+        # watch shows that event later than kube-scheduler's does (a freed GPU of the team's quota), the retry
+        # finds the old state and the pod waits for podMaxInUnschedulablePodsDuration (5 min by default;
+        # docs/extender.md, Limits): 15 s here, so the test waits for what a user would eventually see
+        scheduler = kube.start_kube_scheduler(name, tag=f"kube-scheduler-{name}", extra_config=extender_config(port),
+                                              extra_args=("--pod-max-in-unschedulable-pods-duration=15s",))
         try:
             yield name, port, log
         finally:
