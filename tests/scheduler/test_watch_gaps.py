@@ -61,6 +61,8 @@ def test_what_was_deleted_during_a_gap_leaves_the_state() -> None:
         server.delete(NODES, n2)
         server.delete(PODS, trainer)
         service.informers.synced = True
+        for kind in service.informers.kinds.values():  # kopf's first listing came and went long ago
+            kind.kopf_listed = True
         service.synced.set()
         cycle = asyncio.get_running_loop().create_task(service._cycle_loop())
         try:
@@ -103,6 +105,8 @@ def test_the_start_up_gap_is_closed_by_kopfs_first_listing() -> None:
     async def started(service: SchedulerService, server: ApiServer) -> None:
         service.informers.synced = True  # as after start(): the first listing of kopf comes after it
         await test(service, server)
+        assert not service.informers.stale  # kopf's first listing: re-listed, but nobody waited for it
+        assert service.informers["nodes"].kopf_listed
 
     asyncio.run(with_service(started))
 

@@ -20,7 +20,10 @@ list and the watch can interleave in any order.
 sync: the watch had a gap), and every `consistency_check_s` in any case; what a list repairs is
 logged and counted (`gpupool_scheduler_cache_repairs_total`). From the first sign of a gap until that
 list is applied the state is `stale`: kopf's re-list hands over new pods before it says anything of the
-nodes deleted meanwhile, and a decision then could bind a pod to a node that is gone.
+nodes deleted meanwhile, and a decision then could bind a pod to a node that is gone. kopf's first
+listing of a kind, right after the start-up sync, is re-listed too but does not make the state stale:
+its gap is the second or so between two LISTs, and the extender would otherwise answer 503 to
+kube-scheduler at every start.
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ class WatchedKind:
         self.on_listed = on_listed  # after every successful LIST (e.g. a CRD is served after all)
         self.clock = clock
         self._seen: dict[str, _Seen] = {}
+        self.kopf_listings = 0  # events of type None seen (kopf listing this kind)
+        self.kopf_listed = False  # kopf's first listing of it was followed by a re-list of ours
 
     def __len__(self) -> int:
         return sum(1 for s in self._seen.values() if s.deleted_at is None)
@@ -170,11 +175,14 @@ class Informers:
 
     def watch(self, name: str, kind: str | None, obj: dict[str, Any]) -> None:
         """A kopf event. Type None after the sync means kopf is listing again: the watch had a gap."""
+        watched = self.kinds[name]
         if kind is None and self.synced:
-            self.stale = True
+            watched.kopf_listings += 1
+            if watched.kopf_listed:  # a listing after its first: the watch had a gap
+                self.stale = True
             self._last_gap_event = time.monotonic()
             self.relist_soon()
-        self.kinds[name].event(kind, obj)
+        watched.event(kind, obj)
 
     async def list_all(self, *, initial: bool = False) -> dict[str, Drift]:
         """LIST every kind, in order, and apply what each list says (`initial`: nothing is drift)."""
@@ -219,9 +227,12 @@ class Informers:
                 if time.monotonic() - began >= RELIST_WAIT_MAX_S:
                     break
                 await asyncio.sleep(RELIST_QUIET_S - quiet)
+            listed = [k for k in self.kinds.values() if k.kopf_listings]
             try:
                 await self.list_all()
                 failures = 0
+                for k in listed:
+                    k.kopf_listed = True
             except ApiError as exc:
                 failures += 1
                 self._wanted = True
