@@ -75,3 +75,22 @@ def test_reports_post_on_a_lane_apart_from_the_binds(service: SchedulerService) 
     assert reports._lane is not service.api._lane and reports._writer is service.api._writer
     assert reports._lane.limit == service.config.event_workers
     assert service.binder.api is service.api
+
+
+def test_kopf_retries_the_api_for_ever_and_at_most_2s_apart() -> None:
+    """kopf's default backoffs give up after 54 s (a watch then ends for good) and wait up to 8 s after the
+    API server is back; ours never give up and wait at most 2 s, afresh for every request."""
+    import collections.abc
+    import itertools
+
+    settings = kopf.OperatorSettings()
+    assert isinstance(settings.networking.error_backoffs, collections.abc.Sized)  # kopf's: a limit
+    from gpupool_sched.scheduler.watch import configure
+
+    configure(settings)
+    backoffs = settings.networking.error_backoffs
+    assert not isinstance(backoffs, collections.abc.Sized)  # kopf counts no limit
+    assert isinstance(backoffs, collections.abc.Iterable)
+    first = list(itertools.islice(iter(backoffs), 100))
+    assert len(first) == 100 and max(first) == 2.0 and first[0] == 0.5
+    assert list(itertools.islice(iter(backoffs), 3)) == first[:3]  # anew for each request
