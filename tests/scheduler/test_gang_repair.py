@@ -32,6 +32,15 @@ async def until(predicate: Any, timeout_s: float = 6.0) -> None:
     raise AssertionError("not within the time")
 
 
+async def with_service(test: Any) -> None:
+    async with serving() as (server, api):
+        service = SchedulerService(SchedulerConfig(), api)
+        try:
+            await test(service, server)
+        finally:
+            await service.binder.drain()
+
+
 def test_a_gang_short_of_a_member_after_its_timeout_is_released_whole() -> None:
     async def test(service: SchedulerService, server: ApiServer) -> None:
         service.recorder.start()
@@ -71,15 +80,7 @@ def test_a_gang_short_of_a_member_after_its_timeout_is_released_whole() -> None:
         assert sum(p.endswith("/eviction") for _, p, _ in server.written) == 1
         await service.recorder.stop()
 
-    async def run() -> None:
-        async with serving() as (server, api):
-            service = SchedulerService(SchedulerConfig(), api)
-            try:
-                await test(service, server)
-            finally:
-                await service.binder.drain()
-
-    asyncio.run(run())
+    asyncio.run(with_service(test))
 
 
 def test_a_gang_made_whole_again_is_not_released() -> None:
@@ -103,12 +104,4 @@ def test_a_gang_made_whole_again_is_not_released() -> None:
         await asyncio.sleep(0.2)
         assert not any(p.endswith("/eviction") for _, p, _ in server.written)
 
-    async def run() -> None:
-        async with serving() as (server, api):
-            service = SchedulerService(SchedulerConfig(), api)
-            try:
-                await test(service, server)
-            finally:
-                await service.binder.drain()
-
-    asyncio.run(run())
+    asyncio.run(with_service(test))

@@ -44,30 +44,26 @@ def _port(text: str) -> int:
     return value
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
+def _at_least(kind: type, floor: float, inclusive: bool) -> Callable[[str], Any]:
+    """An argparse type: a `kind` above `floor` (or equal to it, `inclusive`)."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+        if not (value >= floor if inclusive else value > floor):
+            raise argparse.ArgumentTypeError(f"must be {'0 or more' if inclusive else 'positive'}, not {text}")
         return value
 
     return parse
+
+
+def _positive(kind: type) -> Callable[[str], Any]:
+    return _at_least(kind, 0, inclusive=False)
 
 
 def _non_negative(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
-        if not value >= 0:
-            raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
-        return value
-
-    return parse
+    return _at_least(kind, 0, inclusive=True)
 
 
 def _percentage(text: str) -> int:
