@@ -70,12 +70,15 @@ class ApiServer:
         if "leases" in parts:
             return await self._lease(request, parts)
         if request.method == "POST" and parts[-1] == "bindings":
+            body = json.loads(await request.read())  # it reached the server: held or not, it commits
             if self.hold is not None:
                 await self.hold.wait()
-            return await self._bind(request, parts[3])
+            return await self._bind(request, parts[3], body)
         if request.method != "GET":
             self.written.append((request.method, request.path, json.loads(await request.read() or b"{}")))
         if request.method == "GET" and len(parts) == 6 and parts[4] == "pods":
+            if self.hold is not None:  # a slow server: a read queues behind the held Binding
+                await self.hold.wait()
             self.reads += 1
             pod = self.objects[PODS].get(f"{parts[3]}/{parts[5]}")
             if pod is None:
@@ -101,8 +104,7 @@ class ApiServer:
         body["metadata"]["namespace"] = parts[4]
         return web.json_response(self.put(path, body), status=201 if request.method == "POST" else 200)
 
-    async def _bind(self, request: web.Request, namespace: str) -> web.StreamResponse:
-        body = json.loads(await request.read())
+    async def _bind(self, request: web.Request, namespace: str, body: dict) -> web.StreamResponse:
         key = f"{namespace}/{body['metadata']['name']}"
         pod = self.objects[PODS][key]
         if body["metadata"]["name"] in self.refuse:
