@@ -70,7 +70,7 @@ bench-cluster: $(VPY) cluster-bins ## gpupool vs kube-scheduler, 1000 nodes x 8 
 proto: $(VPY) ## regenerate the kubelet device plugin v1beta1 stubs from proto/
 	$(VPY) hack/gen_proto.py
 
-cluster-bins: ## build kube-apiserver/scheduler/controller-manager, kwok, helm, the kubelet devicemanager harness (cached by version)
+cluster-bins: ## build kube-apiserver/scheduler/controller-manager, kubelet/kube-proxy, kwok, helm, the devicemanager harness (cached by version)
 	bash hack/cluster/build-bins.sh
 
 cluster-up: $(VPY) cluster-bins ## start etcd + kube-apiserver + kwok on 127.0.0.1 (reuses a running one)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes parts of the dev cluster from the Go modules pinned in hack/cluster/gomod/:
 #   kubernetes/ -> kube-apiserver, kube-controller-manager, kube-scheduler (one release, one `go build`)
+#                  and, as component kubernetes-node, kubelet + kube-proxy (real nodes: dev-cluster up --with kubelet)
 #   kwok/       -> kwok (simulates the fake GPU nodes and their pods)
 #   helm/       -> helm
 #   ../../kubelet-harness/ -> kubelet-harness (the kubelet's device manager of the same Kubernetes release,
@@ -10,7 +11,7 @@
 # A folder is complete when its .complete marker exists; builds go to a temp folder renamed at the end,
 # so an interrupted build never looks complete.
 #
-# Usage: hack/cluster/build-bins.sh [kubernetes|kwok|helm|kubelet-harness ...]   (default: all four)
+# Usage: hack/cluster/build-bins.sh [kubernetes|kubernetes-node|kwok|helm|kubelet-harness ...]   (default: all five)
 # Env:   GPUPOOL_CACHE (cache root), GO (go binary), GPUPOOL_BUILD_NICE (default 10)
 set -euo pipefail
 
@@ -113,6 +114,20 @@ build_kubernetes() {
         k8s.io/kubernetes/cmd/kube-scheduler
 }
 
+build_kubernetes_node() {
+    # the node side of the same release, for real nodes (dev-cluster up --with kubelet); CGO off as upstream
+    local version major minor base="k8s.io/component-base/version"
+    version="$(pinned_version "$GOMOD_DIR/kubernetes" k8s.io/kubernetes)"
+    major="${version#v}"; major="${major%%.*}"
+    minor="${version#v*.}"; minor="${minor%%.*}"
+    build_component kubernetes-node k8s.io/kubernetes \
+        "-s -w -X $base.gitVersion=@VERSION@ -X $base.gitMajor=$major -X $base.gitMinor=$minor \
+-X $base.gitTreeState=clean -X $base.buildDate=1970-01-01T00:00:00Z" \
+        "kubelet kube-proxy" \
+        k8s.io/kubernetes/cmd/kubelet \
+        k8s.io/kubernetes/cmd/kube-proxy
+}
+
 build_kwok() {
     build_component kwok sigs.k8s.io/kwok "-s -w" kwok sigs.k8s.io/kwok/cmd/kwok
 }
@@ -150,13 +165,14 @@ build_kubelet_harness() {
 }
 
 components=("$@")
-(( ${#components[@]} )) || components=(kubernetes kwok helm kubelet-harness)
+(( ${#components[@]} )) || components=(kubernetes kubernetes-node kwok helm kubelet-harness)
 for c in "${components[@]}"; do
     case "$c" in
         kubernetes) build_kubernetes ;;
+        kubernetes-node) COMPONENT_DIR="$GOMOD_DIR/kubernetes" build_kubernetes_node ;;
         kwok) build_kwok ;;
         helm) build_helm ;;
         kubelet-harness) build_kubelet_harness ;;
-        *) echo "build-bins: error: unknown component '$c' (kubernetes, kwok, helm, kubelet-harness)" >&2; exit 2 ;;
+        *) echo "build-bins: error: unknown component '$c' (kubernetes, kubernetes-node, kwok, helm, kubelet-harness)" >&2; exit 2 ;;
     esac
 done

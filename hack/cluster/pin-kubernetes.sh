@@ -25,6 +25,8 @@ upstream_mod="$(cd "$dir" && "$GO_BIN" mod download -json "k8s.io/kubernetes@$ve
     echo "	k8s.io/kubernetes/cmd/kube-apiserver"
     echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
     echo "	k8s.io/kubernetes/cmd/kube-scheduler"
+    echo "	k8s.io/kubernetes/cmd/kubelet"
+    echo "	k8s.io/kubernetes/cmd/kube-proxy"
     echo ")"
     echo
     echo "require k8s.io/kubernetes $version"

@@ -56,9 +56,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         dest="optional",
         action="append",
         default=[],
-        choices=["kube-scheduler", "kube-controller-manager"],
-        help="also run this component (repeatable)",
+        choices=["kube-scheduler", "kube-controller-manager", "kubelet"],
+        help="also run this component (repeatable); kubelet: real node(s) with containerd and kube-proxy, "
+        "named <cluster>-node-<i> (needs root, `make image`; starts kube-scheduler and "
+        "kube-controller-manager too)",
     )
+    up.add_argument("--real-nodes", type=int, default=1, metavar="N",
+                    help="with --with kubelet: how many real nodes (default 1)")
     up.set_defaults(func=_up)
 
     down = add("down", "stop every process of the cluster (by pid file) and delete its etcd data")
@@ -127,7 +131,11 @@ def _cluster(args: argparse.Namespace) -> DevCluster:
 @_user_errors
 def _up(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
-    result = cluster.up(optional=args.optional, log=lambda line: _console.print(f"  {line}"))
+    optional = [name for name in args.optional if name != "kubelet"]
+    real_nodes = args.real_nodes if "kubelet" in args.optional else 0
+    if "kubelet" in args.optional and not 1 <= args.real_nodes <= 50:
+        raise DevClusterError(f"--real-nodes must be between 1 and 50, got {args.real_nodes}")
+    result = cluster.up(optional=optional, real_nodes=real_nodes, log=lambda line: _console.print(f"  {line}"))
     verb = "reusing running" if result.reused else "started"
     extra = f" (+ {', '.join(result.started)})" if result.reused and result.started else ""
     state = result.state

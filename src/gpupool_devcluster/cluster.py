@@ -13,16 +13,16 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool_devcluster import components, crds
+from gpupool_devcluster import components, crds, nodenet, realnode
 from gpupool_devcluster.binaries import ClusterBinaries
 from gpupool_devcluster.errors import DevClusterError
 from gpupool_devcluster.kubeconfig import api_client, write_kubeconfig
 from gpupool_devcluster.layout import DEFAULT_CLUSTER, ClusterLayout, ClusterState
-from gpupool_devcluster.pki import TOKEN_USERS, ClusterPki
+from gpupool_devcluster.pki import TOKEN_USERS, ClusterPki, issue_client_cert
 from gpupool_devcluster.process import TrackedProcess, start
 
 CORE_COMPONENTS = ("etcd", "kube-apiserver", "kwok")
@@ -121,11 +121,22 @@ class DevCluster:
         """The apiserver's audit log of service-account requests (components.AUDIT_POLICY)."""
         return components.audit_log_file(self.layout)
 
-    def up(self, *, optional: Iterable[str] = (), log: Log = _quiet, audit: bool = True) -> UpResult:
+    def up(
+        self, *, optional: Iterable[str] = (), log: Log = _quiet, audit: bool = True, real_nodes: int = 0,
+        images: Sequence[Path] | None = None,
+    ) -> UpResult:
         """Start the cluster, or reuse it when it is already running (starting any missing `optional`
         component). Safe to call from several processes at once: they take turns on a file lock.
-        `audit`: a new cluster's apiserver writes `audit_log` (ignored when reusing a running one)."""
+        `audit`: a new cluster's apiserver writes `audit_log` (ignored when reusing a running one).
+        `real_nodes`: at least that many real nodes (kubelet + containerd, realnode.py) run; they need
+        kube-controller-manager and kube-scheduler, which start too, and import `images` (OCI archives;
+        default: those `make image` wrote to out/image/)."""
         wanted = tuple(optional)
+        if real_nodes:
+            reason = realnode.can_run_real_nodes()
+            if reason is not None:
+                raise DevClusterError(f"cannot run real nodes here: {reason}")
+            wanted = tuple(dict.fromkeys((*wanted, "kube-controller-manager", "kube-scheduler")))
         unknown = sorted(set(wanted) - set(OPTIONAL_COMPONENTS))
         if unknown:
             raise DevClusterError(
@@ -136,8 +147,12 @@ class DevCluster:
             state = self.running_state()
             if state is not None:
                 bins = ClusterBinaries.locate()
+                if real_nodes:
+                    self._ensure_node_mode(state, log)
                 started = self._start_optional(bins, state, wanted, log)
                 self._install_crds(log)
+                if real_nodes:
+                    started += self._start_real_nodes(state, real_nodes, images, log)
                 return UpResult(state, True, time.monotonic() - began, started)
             leftovers = self.processes()
             if leftovers:
@@ -145,9 +160,11 @@ class DevCluster:
                 self._stop_everything(log)
             bins = ClusterBinaries.locate()
             try:
-                state = self._start_core(bins, log, audit=audit)
+                state = self._start_core(bins, log, audit=audit, real_nodes=bool(real_nodes))
                 started = CORE_COMPONENTS + self._start_optional(bins, state, wanted, log)
                 self._install_crds(log)
+                if real_nodes:
+                    started += self._start_real_nodes(state, real_nodes, images, log)
             except BaseException:
                 self._stop_everything(_quiet)
                 raise
@@ -161,7 +178,7 @@ class DevCluster:
         finally:
             api.close()
 
-    def _start_core(self, bins: ClusterBinaries, log: Log, *, audit: bool) -> ClusterState:
+    def _start_core(self, bins: ClusterBinaries, log: Log, *, audit: bool, real_nodes: bool = False) -> ClusterState:
         layout = self.layout
         for folder in ("pki", "kubeconfigs", "run", "config", "logs"):
             shutil.rmtree(layout.root / folder, ignore_errors=True)
@@ -206,7 +223,11 @@ class DevCluster:
         log(f"kube-apiserver {bins.kubernetes_version} on {state.server}")
         if audit:
             components.write_audit_policy(layout)
-        apiserver = self._spawn("kube-apiserver", components.apiserver_argv(bins, layout, state, audit=audit))
+        if real_nodes:
+            self._kubelet_client_cert()
+        apiserver = self._spawn(
+            "kube-apiserver", components.apiserver_argv(bins, layout, state, audit=audit, real_nodes=real_nodes)
+        )
         components.wait_ready(
             apiserver, f"{state.server}/readyz", timeout_s=START_TIMEOUT_S, ca_file=pki.ca_cert, token=tokens["admin"]
         )
@@ -258,6 +279,67 @@ class DevCluster:
             self.start_kube_scheduler()
             started.append("kube-scheduler")
         return tuple(started)
+
+    # ---------------------------------------------------------------- real nodes
+
+    def _kubelet_client_cert(self) -> None:
+        pki = self.layout.pki
+        if not (pki.folder / "apiserver-kubelet-client.crt").exists():
+            issue_client_cert(pki, pki.folder / "apiserver-kubelet-client.crt",
+                              pki.folder / "apiserver-kubelet-client.key",
+                              user="kube-apiserver-kubelet-client", groups=("system:masters",))
+
+    def _ensure_node_mode(self, state: ClusterState, log: Log) -> None:
+        """Restart kube-apiserver with what real kubelets need (components.real_node_apiserver_args) if it
+        runs without it; same port, certificates and etcd, so clients just reconnect."""
+        process = self.processes()["kube-apiserver"]
+        argv: list[str] = json.loads(process.pid_file.read_text())["argv"]
+        if "--authorization-mode=Node,RBAC" in argv:
+            return
+        log("kube-apiserver: restarting with the Node authorizer and ServiceAccount admission for real nodes")
+        self._kubelet_client_cert()
+        audit = any(a.startswith("--audit-policy-file") for a in argv)
+        bins = ClusterBinaries.locate()
+        process.stop()
+        apiserver = self._spawn(
+            "kube-apiserver", components.apiserver_argv(bins, self.layout, state, audit=audit, real_nodes=True)
+        )
+        components.wait_ready(apiserver, f"{state.server}/readyz", timeout_s=START_TIMEOUT_S,
+                              ca_file=self.layout.pki.ca_cert, token=self._token("admin"))
+
+    def real_nodes(self) -> list[realnode.RealNode]:
+        state = self.state()
+        count = state.real_nodes if state is not None else 0
+        return [realnode.RealNode(self.name, i, self.layout) for i in range(count)]
+
+    def _start_real_nodes(
+        self, state: ClusterState, count: int, images: Sequence[Path] | None, log: Log
+    ) -> tuple[str, ...]:
+        if count > nodenet.MAX_NODES:
+            raise DevClusterError(f"at most {nodenet.MAX_NODES} real nodes")
+        archives = list(images) if images is not None else realnode.default_images()
+        net = nodenet.ensure_cluster_net(self.name, state.ports["kube-apiserver"], state.node_net or None)
+        state.node_net = net.k
+        state.save(self.layout.state_file)
+        realnode.publish_apiserver_endpoint(self.kubeconfig, net)
+        started = []
+        for i in range(state.real_nodes, count):
+            node = realnode.RealNode(self.name, i, self.layout)
+            state.real_nodes = i + 1  # first, so `down` cleans up after a failed start
+            state.save(self.layout.state_file)
+            node.start(net, archives, log)
+            started.append(node.name)
+        for node in self.real_nodes():
+            realnode.wait_node_ready(self.kubeconfig, node, timeout_s=START_TIMEOUT_S)
+        if started:
+            log(f"real node(s) {', '.join(started)} Ready")
+        return tuple(started)
+
+    def node_net(self) -> nodenet.ClusterNet | None:
+        state = self.state()
+        if state is None or not state.node_net:
+            return None
+        return nodenet.ClusterNet(state.node_net, state.ports["kube-apiserver"])
 
     def start_kube_scheduler(
         self,
@@ -368,10 +450,10 @@ class DevCluster:
             return stopped
 
     def _stop_everything(self, log: Log) -> list[str]:
+        stopped = self._teardown_real_nodes(log)
         processes = self.processes()
         # extra (tagged) schedulers are apiserver clients too: they go first
         order = sorted(set(processes) - set(_STOP_ORDER)) + [n for n in _STOP_ORDER if n in processes]
-        stopped = []
         for name in order:
             process = processes[name]
             was_alive = process.alive()
@@ -385,6 +467,23 @@ class DevCluster:
             if data_dir.name.startswith(f"gpupool-etcd-{self.name}-"):  # never delete anything else
                 shutil.rmtree(data_dir, ignore_errors=True)
             self.layout.state_file.unlink()
+        return stopped
+
+    def _teardown_real_nodes(self, log: Log) -> list[str]:
+        net = self.node_net()
+        stopped = []
+        nodes_dir = self.layout.root / "nodes"
+        indices = sorted(int(p.name[5:]) for p in nodes_dir.glob("node-*") if p.name[5:].isdigit()) \
+            if nodes_dir.is_dir() else []
+        for i in indices:
+            node = realnode.RealNode(self.name, i, self.layout)
+            if node.teardown(net):
+                log(f"stopped real node {node.name}")
+                stopped.append(node.name)
+        if net is not None:
+            nodenet.remove_cluster_net(net)
+        with contextlib.suppress(OSError):
+            (nodenet.RUN_ROOT / self.name).rmdir()
         return stopped
 
     # ---------------------------------------------------------------- helpers

@@ -109,7 +109,8 @@ def etcd_argv(bins: ClusterBinaries, state: ClusterState) -> list[str]:
 
 
 def apiserver_argv(
-    bins: ClusterBinaries, layout: ClusterLayout, state: ClusterState, *, audit: bool = False
+    bins: ClusterBinaries, layout: ClusterLayout, state: ClusterState, *, audit: bool = False,
+    real_nodes: bool = False,
 ) -> list[str]:
     pki = layout.pki
     argv = [
@@ -133,7 +134,25 @@ def apiserver_argv(
         "--profiling=false",
         f"--cert-dir={layout.root / 'pki' / 'generated'}",
     ]
+    if real_nodes:
+        argv = [a for a in argv if not a.startswith(("--authorization-mode=", "--disable-admission-plugins="))]
+        argv += real_node_apiserver_args(layout)
     return argv + audit_argv(layout) if audit else argv
+
+
+def real_node_apiserver_args(layout: ClusterLayout) -> list[str]:
+    """What real kubelets need of kube-apiserver: the Node authorizer and NodeRestriction (a kubelet may only
+    touch its own Node and pods), ServiceAccount admission (pods get their token volumes), and a client
+    certificate for the calls it makes to kubelets (logs, exec), as kubeadm configures it."""
+    pki = layout.pki
+    return [
+        "--authorization-mode=Node,RBAC",
+        f"--disable-admission-plugins={DISABLED_ADMISSION.replace('ServiceAccount,', '')}",
+        "--enable-admission-plugins=NodeRestriction",
+        f"--kubelet-client-certificate={pki.folder / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki.folder / 'apiserver-kubelet-client.key'}",
+        "--kubelet-preferred-address-types=InternalIP",
+    ]
 
 
 def kwok_argv(bins: ClusterBinaries, layout: ClusterLayout, state: ClusterState, *, leases: bool) -> list[str]:

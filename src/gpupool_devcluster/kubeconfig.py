@@ -34,6 +34,31 @@ def write_kubeconfig(path: Path, *, server: str, ca_cert: Path, user: str, token
     path.chmod(0o600)
 
 
+def write_cert_kubeconfig(
+    path: Path, *, server: str, ca_cert: Path, cert: Path, key: Path, user: str, cluster_name: str,
+    tls_server_name: str | None = None,
+) -> None:
+    """A kubeconfig authenticating with a client certificate (files referenced, not embedded), as a
+    kubelet's or kube-proxy's; `tls_server_name` checks the serving certificate for that name when the
+    address dialled is not in it."""
+    context = f"gpupool-{cluster_name}"
+    cluster: dict[str, str] = {"server": server, "certificate-authority": str(ca_cert)}
+    if tls_server_name:
+        cluster["tls-server-name"] = tls_server_name
+    document = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": cluster}],
+        "users": [{"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": user}}],
+        "current-context": context,
+        "preferences": {},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    path.chmod(0o600)
+
+
 def api_client(kubeconfig: Path, *, pool_size: int = 32) -> client.ApiClient:
     """A `kubernetes` client for `kubeconfig` whose connection pool serves `pool_size` threads at once."""
     configuration = client.Configuration()

@@ -81,6 +81,8 @@ class ClusterState:
     kwok_version: str
     started_at: float
     ports: dict[str, int] = field(default_factory=dict)
+    node_net: int = 0  # index of the real nodes' network (nodenet.ClusterNet.k), 0: none made
+    real_nodes: int = 0  # how many real nodes (kubelet + containerd) run
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")

@@ -164,6 +164,33 @@ class ClusterPki:
         return pki
 
 
+def issue_client_cert(pki: ClusterPki, cert: Path, key: Path, *, user: str, groups: tuple[str, ...] = ()) -> None:
+    """A client certificate signed by the cluster CA: the apiserver authenticates it as `user` (CN) in
+    `groups` (O), as kubeadm does for kubelets (system:node:<name>, system:nodes) and kube-proxy."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    assert isinstance(ca_key, rsa.RSAPrivateKey)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups]
+    attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, user))
+    client_key = _new_key()
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(attributes))
+        .issuer_name(ca_cert.subject)
+        .public_key(client_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + CERT_LIFETIME)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert.parent.mkdir(parents=True, exist_ok=True)
+    _write_key(key, client_key)
+    _write(cert, certificate.public_bytes(serialization.Encoding.PEM))
+
+
 def _new_key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
