@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from pathlib import Path
 
 from kubernetes import client
 from realnode_cluster import machine_leftovers, real_cluster, wait_running, workload_pod
@@ -76,7 +77,7 @@ def _container_pid(cluster: object, marker_pod: str) -> int:
         for procs in folder.rglob("cgroup.procs"):
             for pid in procs.read_text().split():
                 try:
-                    comm = open(f"/proc/{pid}/comm").read().strip()
+                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
                 except OSError:
                     continue
                 if comm != "pause":
