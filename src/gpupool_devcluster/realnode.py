@@ -2,8 +2,9 @@
 from Debian, each node in its own network namespace (nodenet.py) with its own folders and cgroup root.
 
 Everything a node makes is found again by where it lives, never by name matching on the whole machine:
-    <cluster folder>/nodes/node-<i>/   kubelet root-dir, pod logs, containerd's root, configs, certificates
-    /run/gpupool/<cluster>/node-<i>/   containerd's socket and state (pod netns and rootfs mounts), runc's
+    <cluster folder>/nodes/node-<i>/   pod logs, containerd's root (images), configs, certificates
+    /run/gpupool/<cluster>/node-<i>/   kubelet root-dir, containerd's socket and state (pod netns and
+                                       rootfs mounts), runc's
     /sys/fs/cgroup/*/gpupool-<cluster>-node-<i>/   the kubelet's cgroup root (every pod and container)
     netns gpupool-<cluster>-node-<i>   the node's processes (and containerd's shims)
 `teardown` kills what runs in those, unmounts what is mounted under them and deletes them; `leftovers`
@@ -88,7 +89,9 @@ class RealNode:
 
     @property
     def kubelet_dir(self) -> Path:
-        return self.root / "kubelet"
+        """The kubelet's --root-dir: short (unix socket paths, e.g. device-plugins/kubelet.sock, must stay
+        under 108 bytes), in /run: pod volumes live and die with the node."""
+        return self.run / "kubelet"
 
     @property
     def socket(self) -> Path:
@@ -281,7 +284,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             nodenet.remove_node_netns(net, self.cluster, self.i)
             removed.append(f"netns {self.netns}")
         shutil.rmtree(self.run, ignore_errors=True)
-        for sub in ("containerd", "kubelet", "pod-logs"):
+        for sub in ("containerd", "pod-logs"):
             shutil.rmtree(self.root / sub, ignore_errors=True)
         return removed
 

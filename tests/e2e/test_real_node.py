@@ -61,7 +61,7 @@ def test_a_real_node_runs_pods_survives_a_kubelet_restart_and_leaves_nothing_beh
         wait_running(kube.core, ns, "left-running")  # `down` must take this one away too
         assert machine_leftovers(cluster, net, 1) != []  # the check sees a running node
     assert machine_leftovers(cluster, net, 1) == []
-    assert not (cluster.layout.root / "nodes" / "node-0" / "kubelet").exists()
+    assert not realnode.RealNode(name, 0, cluster.layout).kubelet_dir.exists()
     cluster.down(purge=True)
 
 
