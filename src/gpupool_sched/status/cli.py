@@ -112,8 +112,8 @@ def kubectl_main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("gpupool"):
             raise
-        print(f"kubectl gpupool {args.command}: error: needs the 'scheduler' extra (Python package "
-              f"{exc.name!r} is not installed): pip install 'gpupool[scheduler]'", file=sys.stderr)
+        print(f"kubectl gpupool {args.command}: error: needs the 'server' extra (Python package "
+              f"{exc.name!r} is not installed): pip install 'gpupool[server]'", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
