@@ -114,8 +114,19 @@ def ensure_cluster_net(cluster: str, apiserver_port: int, k: int | None = None) 
         return net
 
 
+def route_services(net: ClusterNet, service_cidr: str) -> None:
+    """Send the host's traffic to Service ClusterIPs through node 0, whose kube-proxy translates it (as a
+    control-plane node's own kube-proxy would): kube-scheduler calls an extender's Service this way."""
+    with _net_lock():
+        sh("ip", "route", "replace", service_cidr, "via", net.node_ip(0), "dev", net.bridge)
+
+
 def remove_cluster_net(net: ClusterNet) -> None:
     with _net_lock():
+        routes = sh("ip", "-4", "route", "show", "dev", net.bridge, check=False).stdout
+        for line in routes.splitlines():
+            if " via " in line:
+                sh("ip", "route", "del", line.split()[0], "dev", net.bridge, check=False)
         while sh("iptables", "-t", "nat", "-D", *net.dnat_rule(), check=False).returncode == 0:
             pass
         if net.bridge in _bridges():

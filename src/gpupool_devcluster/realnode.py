@@ -36,7 +36,12 @@ from gpupool_devcluster.process import TrackedProcess, start
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 CGROUP_FS = Path("/sys/fs/cgroup")
-NODE_PROCESSES = ("kube-proxy", "kubelet", "containerd")  # stop order
+NODE_PROCESSES = ("kube-proxy", "kubelet", "containerd", "namespaces")  # stop order
+# Paths the kubelet does not let us move (the device manager's socket folder is a constant of the
+# device plugin API; container log links go to /var/log/containers): each node's mount namespace binds
+# its own folder over them, so nodes never share one and nothing of a node lands on the host's.
+KUBELET_ROOT = Path("/var/lib/kubelet")
+CONTAINER_LOGS = Path("/var/log/containers")
 MAX_PODS = 32
 Log = Callable[[str], None]
 
@@ -89,8 +94,8 @@ class RealNode:
 
     @property
     def kubelet_dir(self) -> Path:
-        """The kubelet's --root-dir: short (unix socket paths, e.g. device-plugins/kubelet.sock, must stay
-        under 108 bytes), in /run: pod volumes live and die with the node."""
+        """What the node sees as /var/lib/kubelet (the kubelet's root-dir), in /run: pod volumes live and
+        die with the node."""
         return self.run / "kubelet"
 
     @property
@@ -208,7 +213,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             (controller / self.cgroup_root).mkdir(exist_ok=True)
         nodenet.add_node_netns(net, self.cluster, self.i)
         self.write_configs(net)
-        enter = ["nsenter", f"--net={nodenet.NETNS_DIR / self.netns}", "--"]
+        holder = self._hold_namespaces()
+        enter = ["nsenter", f"--target={holder.pid}", "--mount", "--net", "--"]
         log(f"{self.name}: containerd {_containerd_version()} in netns {self.netns} ({net.node_ip(self.i)})")
         self._spawn("containerd", [*enter, "containerd", "--config", str(self.root / "containerd.toml")])
         self._wait_socket()
@@ -220,12 +226,31 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         log(f"{self.name}: kubelet and kube-proxy {pinned_version('kubernetes')}")
         self._spawn("kubelet", [
             *enter, str(kubelet), f"--config={self.root / 'kubelet.yaml'}",
-            f"--kubeconfig={self.root / 'kubelet.kubeconfig'}", f"--root-dir={self.kubelet_dir}",
+            f"--kubeconfig={self.root / 'kubelet.kubeconfig'}", f"--root-dir={KUBELET_ROOT}",
             f"--cert-dir={self.root / 'pki' / 'kubelet-serving'}", f"--hostname-override={self.name}",
             f"--node-ip={net.node_ip(self.i)}", "--node-labels=nvidia.com/gpu.present=true,gpupool.io/real-node=true",
             "--v=1",
         ])
         self._spawn("kube-proxy", [*enter, str(kube_proxy), f"--config={self.root / 'kube-proxy.yaml'}", "--v=1"])
+
+    def _hold_namespaces(self) -> TrackedProcess:
+        """A process that holds the node's mount namespace (a slave of the host's: the host's mounts show
+        inside, the node's stay inside) in the node's network namespace, with the node's folders bound
+        over KUBELET_ROOT and CONTAINER_LOGS. Every node process enters both; when the last one exits,
+        the kernel drops every mount the node made."""
+        logs = self.root / "container-logs"
+        for folder in (self.kubelet_dir, logs, KUBELET_ROOT, CONTAINER_LOGS):
+            folder.mkdir(parents=True, exist_ok=True)
+        script = (f"mount --bind {self.kubelet_dir} {KUBELET_ROOT} && mount --bind {logs} {CONTAINER_LOGS} "
+                  "&& echo ready && exec sleep infinity")
+        holder = self._spawn("namespaces", ["nsenter", f"--net={nodenet.NETNS_DIR / self.netns}", "--", "unshare",
+                                            "--mount", "--propagation", "slave", "--", "sh", "-c", script])
+        deadline = time.monotonic() + 10
+        while "ready" not in holder.log_tail(1):
+            if not holder.alive() or time.monotonic() > deadline:
+                raise DevClusterError(f"{self.name}: could not make its mount namespace:\n{holder.log_tail(5)}")
+            time.sleep(0.02)
+        return holder
 
     def _spawn(self, component: str, argv: list[str]) -> TrackedProcess:
         name = self.process_name(component)
