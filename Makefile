@@ -6,7 +6,8 @@ VPY := $(VENV)/bin/python
 export GPUPOOL_CACHE ?= $(HOME)/.cache/gpupool
 
 .PHONY: help venv simulate test test-unit test-e2e lint typecheck fmt bench bench-sim bench-deviceplugin \
-        bench-cluster-infra bench-cluster bench-extender bench-quotas proto cluster-bins cluster-up cluster-down demo demo-down clean
+        bench-cluster-infra bench-cluster bench-extender bench-quotas proto cluster-bins cluster-up cluster-down demo demo-down clean \
+        image node-images
 
 help: ## list every target with its description (the `## ` comment on its line)
 	@awk '/^[a-zA-Z][a-zA-Z0-9_-]*:([^=]|$$)/ { name = $$0; sub(/:.*/, "", name); \
@@ -84,6 +85,14 @@ demo: $(VPY) cluster-bins ## chart + scheduler + device plugins on the local con
 
 demo-down: $(VPY) ## remove everything `make demo` made (processes, chart, namespace, nodes; the cluster if it started it)
 	$(VPY) hack/demo.py down
+
+image: $(VPY) ## (root) OCI image gpupool:<version> from Debian packages + pause and workload images: out/image/, imported into /run/containerd's containerd when it runs
+	@if [ "$$(id -u)" != 0 ]; then echo "make image: needs root (mmdebstrap and chroot build the image's root file system): sudo make image" >&2; exit 1; fi
+	@command -v mmdebstrap >/dev/null || { echo "make image: mmdebstrap is not installed (apt-get install mmdebstrap)" >&2; exit 1; }
+	$(VPY) hack/image/build.py
+
+node-images: $(VPY) ## only the dev node's small images: registry.k8s.io/pause:3.10 and gpupool-workload:<version> (static C, out/image/)
+	$(VPY) hack/image/build.py --node-images-only
 
 clean: ## remove out/, build artefacts and tool caches
 	rm -rf out build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

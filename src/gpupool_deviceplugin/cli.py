@@ -99,6 +99,29 @@ def check_kubeconfig(path: str) -> str | None:
     return None
 
 
+NVML_LIBRARY = "libnvidia-ml.so.1"  # the name pynvml loads (ctypes.CDLL), as NVIDIA's own device plugin does
+
+
+def nvml_library_problem() -> str | None:
+    """Why the real NVML library cannot be loaded, as one paragraph for a person, or None when it loads.
+    Its absence is checked before anything starts: in a container it does not appear later (the NVIDIA
+    container toolkit injects it when the container is created), so retrying would only hide it."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError as exc:
+        return (f"cannot load NVML: {NVML_LIBRARY}, the NVIDIA driver's management library, is not in this "
+                f"container or on its library path ({exc}). On a GPU node the NVIDIA container toolkit injects "
+                "it into the container when the container has NVIDIA_VISIBLE_DEVICES=all and "
+                "NVIDIA_DRIVER_CAPABILITIES=utility (the chart sets both) and runs under the nvidia runtime: "
+                "check that the toolkit is installed and is the node's default runtime (or that the pod's "
+                "runtimeClassName selects it), and that the NVIDIA driver is installed. To run the plugin "
+                "without a GPU (a dry run), give it a fake NVML profile: --fake-nvml PROFILE "
+                "(chart: devicePlugin.fakeNvmlProfile).")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.kubelet_dir = args.kubelet_dir.absolute()  # gRPC's unix:// target takes no relative path
@@ -138,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             session = open_fake(args.fake_nvml, seed=args.node_name, events_file=args.fake_nvml_events)
             log.info("using the FAKE NVML backend (profile %s)", args.fake_nvml)
         else:
+            problem = nvml_library_problem()
+            if problem:
+                return fail(problem)
             session = open_real()
     except ProfileError as exc:
         return fail(" ".join(str(exc).split()))

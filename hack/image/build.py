@@ -1,0 +1,221 @@
+"""`make image` / `make node-images`: build gpupool's OCI image and the dev node's pause and workload images.
+
+    python hack/image/build.py [--node-images-only] [--out out/image] [--no-import]
+
+gpupool:<version> (root needed: mmdebstrap, chroot):
+  1. base rootfs: hack/image/base.sh (mmdebstrap, Debian packages only), cached in
+     $GPUPOOL_CACHE/image/base-<hash of base.sh + packages.txt>/ with its compressed layer
+  2. wheels: the lock's pinned wheels (hack/image/fetch-wheels.sh, cached by the lock's hash) + gpupool's wheel
+  3. a copy of the rootfs, hack/image/install.sh chrooted in it -> /opt/gpupool: the second layer
+  4. out/image/gpupool-<version>.oci.tar, sbom.json (CycloneDX 1.5), packages.txt
+pause:3.10 and gpupool-workload:<version>: static C programs (hack/image/*.c), one file each.
+Each archive is imported into /run/containerd/containerd.sock when that socket exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import uuid
+from pathlib import Path
+
+from gpupool_devcluster.errors import DevClusterError
+from gpupool_devcluster.oci import DEFAULT_PATH, ImageConfig, Layer, import_image, make_layer, write_oci_archive
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = REPO / "hack" / "image"
+CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
+PAUSE_NAME = "registry.k8s.io/pause:3.10"
+
+
+def log(msg: str) -> None:
+    print(f"[image] {msg}", flush=True)
+
+
+def version() -> str:
+    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
+
+
+def digest_of(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GPUPOOL_CACHE") or Path.home() / ".cache" / "gpupool") / "image"
+
+
+def cached_layer(meta: Path) -> Layer | None:
+    if not meta.is_file():
+        return None
+    d = json.loads(meta.read_text())
+    layer = Layer(Path(d["path"]), d["digest"], d["size"], d["diff_id"], d["tar_size"])
+    return layer if layer.path.is_file() and layer.path.stat().st_size == layer.size else None
+
+
+def save_layer(layer: Layer, meta: Path) -> Layer:
+    meta.write_text(json.dumps({"path": str(layer.path), "digest": layer.digest, "size": layer.size,
+                                "diff_id": layer.diff_id, "tar_size": layer.tar_size}))
+    return layer
+
+
+def base_rootfs() -> tuple[Path, Layer]:
+    """The cached Debian rootfs and its compressed layer, built when the recipe changed."""
+    key = digest_of(HERE / "base.sh", HERE / "packages.txt")
+    d = cache_dir() / f"base-{key}"
+    rootfs, meta = d / "rootfs", d / "layer.json"
+    layer = cached_layer(meta)
+    if layer is not None and rootfs.is_dir():
+        log(f"base rootfs: cached ({d})")
+        return rootfs, layer
+    if shutil.which("mmdebstrap") is None:
+        sys.exit("make image: mmdebstrap is not installed (apt-get install mmdebstrap)")
+    for old in cache_dir().glob("base-*"):  # earlier recipes' rootfs: ~100 MiB each
+        shutil.rmtree(old, ignore_errors=True)
+    d.mkdir(parents=True)
+    log(f"base rootfs: mmdebstrap bookworm -> {d} (recipe {key})")
+    subprocess.run(["bash", str(HERE / "base.sh"), str(rootfs)], check=True)
+    layer = make_layer(rootfs, d / "layer.tar.gz", skip_contents=("dev", "proc", "sys", "tmp"))
+    return rootfs, save_layer(layer, meta)
+
+
+def wheels(work: Path) -> Path:
+    """A directory with the lock's wheels (cached by the lock's hash) and gpupool's own wheel."""
+    lock = HERE / "requirements.lock"
+    cached = cache_dir() / f"wheels-{digest_of(lock)}"
+    if not (cached / "requirements.lock").is_file():
+        log(f"wheels: downloading what {lock.relative_to(REPO)} pins -> {cached}")
+        subprocess.run(["bash", str(HERE / "fetch-wheels.sh"), str(cached)], check=True,
+                       env={**os.environ, "PIP": f"{sys.executable} -m pip"})
+    out = work / "wheels"
+    shutil.copytree(cached, out)
+    log("wheels: building gpupool's wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(out), str(REPO)], check=True, cwd=work)
+    return out
+
+
+def dpkg_packages(rootfs: Path) -> list[tuple[str, str, str]]:
+    """(name, version, architecture) of every installed package in the rootfs's dpkg status."""
+    found = []
+    for block in (rootfs / "var/lib/dpkg/status").read_text().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line[0].isspace())
+        if fields.get("Status", "").endswith(" installed"):
+            found.append((fields["Package"], fields["Version"], fields.get("Architecture", "")))
+    return sorted(found)
+
+
+def python_dists(venv_lib: Path) -> list[tuple[str, str]]:
+    found = []
+    for meta in venv_lib.glob("python3*/site-packages/*.dist-info/METADATA"):
+        fields = dict(line.split(": ", 1) for line in meta.read_text(errors="replace").split("\n\n")[0].splitlines()
+                      if ": " in line)
+        found.append((fields["Name"], fields["Version"]))
+    return sorted(found, key=lambda nv: nv[0].lower())
+
+
+def write_sbom(out: Path, ver: str, debs: list[tuple[str, str, str]], dists: list[tuple[str, str]]) -> None:
+    components = [{"type": "library", "name": n, "version": v, "bom-ref": f"deb:{n}",
+                   "purl": f"pkg:deb/debian/{n}@{v}?arch={a}&distro=debian-12"} for n, v, a in debs]
+    components += [{"type": "library", "name": n, "version": v, "purl": f"pkg:pypi/{n.lower()}@{v}",
+                    "bom-ref": f"pypi:{n.lower()}"} for n, v in dists]
+    sbom = {"bomFormat": "CycloneDX", "specVersion": "1.5", "serialNumber": f"urn:uuid:{uuid.uuid4()}", "version": 1,
+            "metadata": {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         "component": {"type": "container", "name": "gpupool", "version": ver,
+                                       "bom-ref": f"gpupool:{ver}"}},
+            "components": components}
+    (out / "sbom.json").write_text(json.dumps(sbom, indent=1) + "\n")
+    rows = [("debian", n, v) for n, v, _ in debs] + [("python", n, v) for n, v in dists]
+    width = max(len(n) for _, n, _ in rows)
+    (out / "packages.txt").write_text("".join(f"{k:<7} {n:<{width}} {v}\n" for k, n, v in rows))
+
+
+def build_gpupool(out: Path, ver: str) -> Path:
+    rootfs, base = base_rootfs()
+    with tempfile.TemporaryDirectory(prefix="gpupool-image-") as tmp:
+        work = Path(tmp)
+        wheel_dir = wheels(work)
+        root = work / "root"
+        log("venv: install.sh in a copy of the rootfs")
+        subprocess.run(["cp", "-a", str(rootfs), str(root)], check=True)
+        shutil.copytree(wheel_dir, root / "tmp/wheels")
+        shutil.copy(HERE / "install.sh", root / "tmp/install.sh")
+        subprocess.run(["chroot", str(root), "/bin/sh", "/tmp/install.sh", "/tmp/wheels"], check=True,
+                       env={"PATH": DEFAULT_PATH, "HOME": "/root", "LC_ALL": "C.UTF-8"})
+        app = make_layer(root / "opt/gpupool", work / "app.tar.gz", prefix="opt/gpupool")
+        write_sbom(out, ver, dpkg_packages(root), python_dists(root / "opt/gpupool/lib"))
+        archive = out / f"gpupool-{ver}.oci.tar"
+        config = ImageConfig(
+            cmd=["gpupool", "--help"], user="65532:65532", working_dir="/",
+            env=[f"PATH=/opt/gpupool/bin:{DEFAULT_PATH}", "PYTHONUNBUFFERED=1", "LANG=C.UTF-8"],
+            labels={"org.opencontainers.image.title": "gpupool", "org.opencontainers.image.version": ver,
+                    "org.opencontainers.image.licenses": "Apache-2.0",
+                    "org.opencontainers.image.description": "gpupool scheduler, extender and device plugin"})
+        write_oci_archive(archive, f"gpupool:{ver}", [base, app], config)
+    log(f"gpupool:{ver}: {(base.tar_size + app.tar_size) / 2**20:.1f} MiB uncompressed (Debian base "
+        f"{base.tar_size / 2**20:.1f} + /opt/gpupool {app.tar_size / 2**20:.1f}), {archive.stat().st_size / 2**20:.1f} "
+        "MiB as the archive")
+    return archive
+
+
+def build_static(out: Path, source: str, binary: str, name: str, archive_name: str, user: str) -> Path:
+    """An image of one static C program (gcc -static -Os, stripped) at /<binary>."""
+    if shutil.which("gcc") is None:
+        sys.exit("make image: gcc is needed for the pause and workload images (apt-get install gcc libc6-dev)")
+    with tempfile.TemporaryDirectory(prefix="gpupool-image-") as tmp:
+        root = Path(tmp, "root")
+        root.mkdir()
+        subprocess.run(["gcc", "-static", "-Os", "-s", "-Wall", "-Werror", "-o", str(root / binary),
+                        str(HERE / source)], check=True)
+        layer = make_layer(root, Path(tmp, "layer.tar.gz"))
+        archive = out / archive_name
+        write_oci_archive(archive, name, [layer], ImageConfig(entrypoint=[f"/{binary}"], user=user, env=[]))
+    return archive
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=REPO / "out" / "image")
+    p.add_argument("--node-images-only", action="store_true", help="only the pause and workload images")
+    p.add_argument("--no-import", action="store_true", help="write the archives only")
+    args = p.parse_args()
+    ver = version()
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    archives = []
+    if not args.node_images_only:
+        if os.geteuid() != 0:
+            sys.exit("make image: needs root (mmdebstrap and chroot build the root file system): sudo make image")
+        archives.append(build_gpupool(args.out, ver))
+    archives.append(build_static(args.out, "pause.c", "pause", PAUSE_NAME, "pause-3.10.oci.tar", "65535:65535"))
+    archives.append(build_static(args.out, "workload.c", "workload", f"gpupool-workload:{ver}",
+                                 f"gpupool-workload-{ver}.oci.tar", ""))
+    for a in archives:
+        log(f"wrote {a.relative_to(REPO) if a.is_relative_to(REPO) else a} ({a.stat().st_size / 2**20:.1f} MiB)")
+    if args.no_import:
+        pass
+    elif CONTAINERD_SOCKET.is_socket():
+        for a in archives:
+            try:
+                import_image(a, str(CONTAINERD_SOCKET))
+            except DevClusterError as exc:
+                sys.exit(f"make image: {exc}")
+        log(f"imported into {CONTAINERD_SOCKET} (namespace k8s.io)")
+    else:
+        log(f"no containerd at {CONTAINERD_SOCKET}: wrote the archives only (import: ctr -n k8s.io images import FILE)")
+    log(f"done in {time.monotonic() - start:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
