@@ -292,3 +292,21 @@ def test_scheduler_state_decides_exactly_as_the_simulator() -> None:
     assert [g is None for g in got] == expected.failed.tolist()
     used = [sum(p.gpu_milli * len(p.gpu_indices) for p in (e.placement,)) for e in state.pods.values()]
     assert sum(used) == int(expected.used_milli[-1])
+
+
+def test_gpus_the_kubelet_cannot_allocate_yet_are_not_offered() -> None:
+    """After a kubelet restart the node's allocatable nvidia.com/gpu is 0 until the device plugin registers
+    again; a GPU pod bound then fails admission (UnexpectedAdmissionError, seen on a real kubelet). The
+    node offers its GPUs again once the kubelet reports them."""
+    s = ClusterState("gpupool")
+    restarted = node_obj("n1")
+    for key in ("nvidia.com/gpu", "nvidia.com/gpu-memory"):
+        restarted["status"]["allocatable"][key] = "0"
+    s.apply_node(restarted)
+    result = Cycle(s, lambda: build_policy("best-fit")).schedule(s.plan(pod_obj("a", gpus=1)))
+    assert result.statement is None and result.unschedulable is not None
+    assert "kubelet reports 0 allocatable nvidia.com/gpu" in str(s.nodes["n1"].problem)
+    result = Cycle(s, lambda: build_policy("best-fit")).schedule(s.plan(pod_obj("b", units=4)))
+    assert result.statement is None
+    s.apply_node(node_obj("n1"))  # registered again
+    assert schedule(s, pod_obj("c", gpus=1)).node == "n1"

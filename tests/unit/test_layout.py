@@ -69,7 +69,17 @@ def scheduler_extra_modules() -> list[str]:
     """Import names of the distributions that only the `scheduler` extra installs (pyproject.toml)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = {_dist_name(req) for req in project["dependencies"]}
-    extra = {_dist_name(req) for req in project["optional-dependencies"]["scheduler"]} - core
+
+    def expanded(name: str) -> set[str]:  # `gpupool[server]` in an extra means that extra's packages
+        found: set[str] = set()
+        for req in project["optional-dependencies"][name]:
+            if _dist_name(req) == "gpupool":
+                for inner in req.split("[", 1)[1].split("]", 1)[0].split(","):
+                    found |= expanded(inner.strip())
+            else:
+                found.add(_dist_name(req))
+        return found
+    extra = expanded("scheduler") - core
     assert extra, "the scheduler extra adds nothing to the core dependencies"
     modules = [m for m, dists in metadata.packages_distributions().items()
                if {_dist_name(d) for d in dists} & extra]

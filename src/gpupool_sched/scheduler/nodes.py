@@ -88,7 +88,12 @@ def node_view(obj: Mapping[str, Any], memory_unit_mib: int) -> NodeView:
         unit_mib = sharing.memory_unit_mib if sharing is not None else None
         shares = unit_mib == memory_unit_mib
         failed = set(getattr(inventory, "unhealthy", ()) or ())
-        gpus = tuple(_gpu_spec(g, memory_unit_mib if shares else None, g.uuid in failed) for g in inventory.gpus)
+        unregistered = _not_allocatable_yet(alloc, sharing.resources if sharing is not None else {})
+        if unregistered and inventory.gpus:
+            problem = (f"the kubelet reports 0 allocatable {unregistered} (the device plugin is not registered "
+                       "with it, e.g. after a kubelet restart)")
+        gpus = tuple(_gpu_spec(g, memory_unit_mib if shares else None, g.uuid in failed, ready=not unregistered)
+                     for g in inventory.gpus)
         if inventory.gpus:
             topology = inventory.topology()
     node = NodeSpec(
@@ -105,7 +110,20 @@ def node_view(obj: Mapping[str, Any], memory_unit_mib: int) -> NodeView:
     return NodeView(node, inventory, problem, unit_mib, shares)
 
 
-def _gpu_spec(gpu: Any, unit_mib: int | None, failed: bool) -> GpuSpec:
+def _not_allocatable_yet(alloc: Mapping[str, Any], advertised: Mapping[str, int]) -> str | None:
+    """A GPU resource the plugin advertises that the kubelet reports as 0 allocatable (as it does from its
+    restart until the plugin registers again); None when there is none. A resource the node does not
+    list at all is left to the inventory (fake nodes and older kubelets publish no such entry)."""
+    for resource, count in advertised.items():
+        if count > 0 and str(alloc.get(resource, "")).strip() == "0":
+            return resource
+    return None
+
+
+def _gpu_spec(gpu: Any, unit_mib: int | None, failed: bool, *, ready: bool = True) -> GpuSpec:
+    """`failed`: the plugin reports the GPU broken (it offers nothing). Not `ready`: the kubelet cannot
+    allocate it yet; it takes no pod now but still counts among what the cluster offers (a pod asking
+    for it is waiting, not impossible)."""
     # Memory shares are counted in whole units of the plugin: a GPU offers floor(MiB / unit) units.
     memory = (gpu.memory_mib // unit_mib) * unit_mib if unit_mib else 0
     slices = tuple(MigSlice(d.uuid, d.profile, gpu.index) for d in gpu.mig_devices) if gpu.mig_enabled else ()
@@ -117,5 +135,5 @@ def _gpu_spec(gpu: Any, unit_mib: int | None, failed: bool) -> GpuSpec:
         numa_node=gpu.numa_node,
         mig_enabled=gpu.mig_enabled,
         mig_slices=slices,
-        healthy=not failed,
+        healthy=ready and not failed,
     )
