@@ -31,6 +31,7 @@ from gpupool_devcluster.binaries import cache_root, pinned_version, repo_root
 from gpupool_devcluster.errors import DevClusterError
 from gpupool_devcluster.kubeconfig import api_client, write_cert_kubeconfig
 from gpupool_devcluster.layout import ClusterLayout
+from gpupool_devcluster.oci import import_image
 from gpupool_devcluster.pki import issue_client_cert
 from gpupool_devcluster.process import TrackedProcess, start
 
@@ -219,7 +220,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self._spawn("containerd", [*enter, "containerd", "--config", str(self.root / "containerd.toml")])
         self._wait_socket()
         for archive in images:
-            import_image(archive, self.socket)
+            import_image(archive, str(self.socket))
         if PAUSE_IMAGE not in self.images():
             raise DevClusterError(f"{PAUSE_IMAGE} is not among the images imported into {self.name}'s containerd "
                                   "(build it with `make image`)")
@@ -355,7 +356,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 def default_images() -> list[Path]:
     """The OCI archives `make image` wrote (gpupool, the pause and workload images)."""
-    archives = sorted((repo_root() / "out" / "image").glob("*.tar"))
+    archives = sorted((repo_root() / "out" / "image").glob("*.oci.tar"))
     if not archives:
         raise DevClusterError("no images in out/image/: build them with `make image` (as root)")
     return archives
@@ -416,12 +417,6 @@ def wait_node_ready(kubeconfig: Path, node: RealNode, timeout_s: float) -> None:
         api.close()
     raise DevClusterError(f"{node.name} not Ready within {timeout_s:.0f}s ({reason}); see "
                           f"{node.layout.log_file(node.process_name('kubelet'))}")
-
-
-def import_image(archive: Path, socket: Path) -> None:
-    done = _ctr(socket, "images", "import", "--all-platforms", str(archive))
-    if done.returncode != 0:
-        raise DevClusterError(f"importing {archive} into {socket} failed: {done.stderr.strip()}")
 
 
 def _ctr(socket: Path, *args: str) -> subprocess.CompletedProcess[str]:
