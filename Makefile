@@ -80,7 +80,7 @@ cluster-up: $(VPY) cluster-bins ## start etcd + kube-apiserver + kwok on 127.0.0
 cluster-down: $(VPY) ## stop the local control plane (by pid)
 	bash hack/cluster/down.sh
 
-demo: $(VPY) cluster-bins ## chart + scheduler + device plugins on the local control plane, a mixed workload, `gpupool status` before and after, the scheduler's metrics
+demo: $(VPY) cluster-bins ## the chart on the local control plane (as pods on a real node where the machine can), a mixed workload, `gpupool status` before and after, the scheduler's metrics
 	$(VPY) hack/demo.py up
 
 demo-down: $(VPY) ## remove everything `make demo` made (processes, chart, namespace, nodes; the cluster if it started it)

@@ -1,14 +1,20 @@
 """`make demo` / `make demo-down`: gpupool at work on the local control plane.
 
 `up` starts the dev cluster if it is not running, installs the Helm chart (deploy/helm/gpupool) with the
-pinned helm into the namespace `gpupool-demo`, creates a few nodes that run the real device plugin (fake
-NVML) and the rest as kwok nodes, starts the node agent (below) in the background, prints `gpupool status`,
+pinned helm into the namespace `gpupool-demo`, and gives the chart somewhere to run:
+  * on a machine that can (root, containerd, runc, the CNI plugins: `--node auto`, the default), a real
+    node (`dev-cluster up --with kubelet`): the chart's scheduler and device plugin (fake NVML) run as
+    pods from the image `make image` builds (built first if missing), and the demo's pods that land on
+    that node run there;
+  * elsewhere (or `--node standin`), nodes whose device plugin and scheduler run as local processes
+    through the node agent (below);
+plus kwok nodes for the rest; then it prints `gpupool status`,
 submits a mixed training/inference workload with the chart's PriorityClasses, waits until every pod runs
 or is marked unschedulable, and prints `gpupool status` again with the figures of the scheduler's
 /metrics (GPUs by state, allocated and fragmented capacity, pending pods by priority).
 
-`agent` (started by `up`, detached): no container runtime exists here, so the chart's Deployment and
-DaemonSet cannot run; this process runs their programs instead, as tests/e2e/test_helm_chart.py does: the
+`agent` (started by `up` without a real node, detached): with no container runtime, the chart's Deployment
+and DaemonSet cannot run; this process runs their programs instead, as tests/e2e/test_helm_chart.py does: the
 chart's command lines with tokens of the chart's ServiceAccounts (never admin), the device plugin behind
 the kubelet stand-in of tests/deviceplugin and the pod admission loop of tests/e2e/test_scheduler_fullpath.py
 (both reused from there, not copied). It runs until `down`.
@@ -23,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,9 +49,11 @@ from kubernetes import client  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from gpupool_devcluster import realnode  # noqa: E402
 from gpupool_devcluster.binaries import cache_root  # noqa: E402
 from gpupool_devcluster.client import ClusterClient  # noqa: E402
 from gpupool_devcluster.cluster import DevCluster  # noqa: E402
+from gpupool_devcluster.errors import DevClusterError  # noqa: E402
 from gpupool_devcluster.layout import DEFAULT_CLUSTER  # noqa: E402
 from gpupool_devcluster.raw import discard, read_json  # noqa: E402
 
@@ -145,8 +154,8 @@ def status(kube: ClusterClient, title: str) -> None:
         raise SystemExit(f"gpupool status failed ({done.returncode}):\n{done.stderr}")
 
 
-def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+def scrape(base: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as answer:
         text = answer.read().decode()
     samples: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
     for family in text_string_to_metric_families(text):
@@ -155,7 +164,7 @@ def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
     return samples
 
 
-def print_figures(samples: dict[str, list[tuple[dict[str, str], float]]], plugin_ports: list[int]) -> None:
+def print_figures(samples: dict[str, list[tuple[dict[str, str], float]]], plugin_urls: list[str]) -> None:
     """The figures of the dashboard's GPU and queue rows, from one scrape of the scheduler."""
     say("scheduler /metrics (the dashboard's figures; GPU figures cover every node the scheduler sees)")
     missing = "not in this scrape (the cluster gauges are computed every 5 s)"  # never shown as 0
@@ -174,8 +183,8 @@ def print_figures(samples: dict[str, list[tuple[dict[str, str], float]]], plugin
     print("  pending pods by priority: " + ("  ".join(f"{p}: {n}" for p, n in shown.items()) or "none"))
     attempts = {labels["result"]: int(value) for labels, value in samples["gpupool_scheduler_schedule_attempts_total"]}
     print("  scheduling attempts:    " + "  ".join(f"{r} {n}" for r, n in sorted(attempts.items())))
-    for port in plugin_ports:
-        plugin = scrape(port)
+    for url in plugin_urls:
+        plugin = scrape(url)
         node = next((labels["node"] for labels, _ in plugin["gpupool_deviceplugin_node_info"]), "?")
         registered = sorted(labels["resource"] for labels, value in plugin["gpupool_deviceplugin_registered"] if value)
         print(f"  device plugin {node}: registered {', '.join(registered) or 'nothing'}")
@@ -219,12 +228,18 @@ def up(args: argparse.Namespace) -> int:
     if read_state(args.cluster):
         raise SystemExit(f"a demo is already up on cluster {args.cluster!r}: `make demo-down` first")
     cluster = DevCluster(args.cluster)
+    mode, why = choose_mode(args.node)
     started_cluster = cluster.running_state() is None
-    if started_cluster:
-        say(f"starting the local control plane {args.cluster!r} (etcd, kube-apiserver, kwok)")
-        cluster.up(log=lambda line: say(f"  {line}"))
+    if mode == "real":
+        say("a real node runs the chart's pods: kubelet + containerd + kube-proxy (dev-cluster up --with kubelet)")
+        cluster.up(real_nodes=1, log=lambda line: say(f"  {line}"))
+    else:
+        say(f"no real node ({why}): the chart's programs run as local processes behind a kubelet stand-in")
+        if started_cluster:
+            say(f"starting the local control plane {args.cluster!r} (etcd, kube-apiserver, kwok)")
+            cluster.up(log=lambda line: say(f"  {line}"))
     kube = ClusterClient.connect(cluster)
-    state: dict[str, Any] = {"cluster": args.cluster, "started_cluster": started_cluster, "pids": []}
+    state: dict[str, Any] = {"cluster": args.cluster, "started_cluster": started_cluster, "pids": [], "mode": mode}
     write_state(args.cluster, state)
     say(f"logs: {state_dir(args.cluster)} (agent.log: the node agent; the scheduler's and each device "
         "plugin's log beside it)")
@@ -238,9 +253,16 @@ def up(args: argparse.Namespace) -> int:
     if existing:
         say(f"  PriorityClasses {', '.join(existing)} exist already (not this release's): using them as they are")
         values += ["--set", "priorityClasses.enabled=false"]
+    if mode == "real":
+        node = realnode.node_name(args.cluster, 0)
+        pin = json.dumps({"kubernetes.io/hostname": node})
+        values += ["--set", "image.repository=gpupool", "--set-json", f"scheduler.nodeSelector={pin}",
+                   "--set-json", f"devicePlugin.nodeSelector={pin}"]
     helm(kube, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--wait=false", *values)
     state["release"] = RELEASE
     write_state(args.cluster, state)
+    if mode == "real":
+        return up_on_real_node(args, kube, state, node)
 
     plugin_nodes = [f"{POOL}-{PLUGIN_PROFILE}-{i}" for i in range(args.plugin_nodes)]
     say(f"{len(plugin_nodes)} node(s) for the device plugin ({PLUGIN_PROFILE}), {args.kwok_nodes} kwok node(s) "
@@ -274,6 +296,82 @@ def up(args: argparse.Namespace) -> int:
     say(f"  scheduler metrics on 127.0.0.1:{agent_info['scheduler_port']}; device plugins registered on "
         f"{', '.join(plugin_nodes) or 'no node'}")
 
+    submit_and_report(args, kube, f"http://127.0.0.1:{agent_info['scheduler_port']}",
+                      [f"http://127.0.0.1:{port}" for port in agent_info["plugin_ports"]])
+    say(f"the demo keeps running (scheduler, device plugins, kubelet stand-ins): "
+        f"KUBECONFIG={kube.kubeconfig} {gpupool_command()} status -l {POOL_LABEL}={POOL} "
+        f"--scheduler-name {SCHEDULER_NAME}; metrics: curl 127.0.0.1:{agent_info['scheduler_port']}/metrics; "
+        f"logs in {folder}; `make demo-down` removes everything")
+    return 0
+
+
+def choose_mode(asked: str) -> tuple[str, str]:
+    """("real" | "standin", why not real). `auto` takes a real node where this machine can run one, building
+    the image first when only it is missing."""
+    if asked == "standin":
+        return "standin", "--node standin"
+    reason = realnode.can_run_real_nodes()
+    if reason is None:
+        try:
+            realnode.default_images()
+        except DevClusterError:
+            if shutil.which("mmdebstrap") is None:
+                reason = "no image in out/image/ and no mmdebstrap to build one (`make image`)"
+            else:
+                say("building the image first: make image (about 75 s the first time)")
+                done = subprocess.run(["make", "-C", str(ROOT), "image"], check=False)
+                if done.returncode != 0:
+                    reason = "`make image` failed"
+    if reason is not None and asked == "real":
+        raise SystemExit(f"--node real: this machine cannot run a real node: {reason}")
+    return ("standin", reason) if reason else ("real", "")
+
+
+def up_on_real_node(args: argparse.Namespace, kube: ClusterClient, state: dict[str, Any], node: str) -> int:
+    """The chart's pods run on the real node; kwok nodes beside it take the rest of the workload."""
+    from scheduler_harness import POOL_LABEL
+
+    say(f"the real node {node} and {args.kwok_nodes} kwok node(s) ({KWOK_PROFILE}) in pool {POOL}")
+    discard(kube.core.patch_node(node, {"metadata": {"labels": {POOL_LABEL: POOL}}}, _preload_content=False))
+    state["real_node"] = node
+    write_state(args.cluster, state)
+    if args.kwok_nodes:
+        for name in kube.add_nodes(KWOK_PROFILE, args.kwok_nodes, prefix=f"{POOL}-{KWOK_PROFILE}-"):
+            discard(kube.core.patch_node(name, {"metadata": {"labels": {POOL_LABEL: POOL}}}, _preload_content=False))
+    say("waiting for the chart's pods: the scheduler replicas and the device plugin (registering with the kubelet)")
+    deadline = time.monotonic() + 180
+    while True:
+        pods = read_json(kube.core.list_namespaced_pod(NAMESPACE, _preload_content=False))["items"]
+        ready = {p["metadata"]["labels"].get("app.kubernetes.io/component") for p in pods
+                 if p["status"].get("phase") == "Running"
+                 and all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}])}
+        capacity = read_json(kube.core.read_node(node, _preload_content=False))["status"].get("allocatable") or {}
+        if {"scheduler", "deviceplugin"} <= ready and int(capacity.get(GPU, "0")) > 0:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the chart's pods are not ready after 180 s: {sorted(x or '?' for x in ready)} "
+                             f"ready; `kubectl -n {NAMESPACE} describe pods` says why")
+        time.sleep(1)
+    for obj in pods:
+        say(f"  pod {obj['metadata']['name']} on {obj['spec'].get('nodeName')}: {obj['status'].get('phase')}")
+    say(f"  {node}: kubelet reports {capacity.get(GPU)} {GPU}, {capacity.get(MEM)} {MEM} allocatable")
+    fullname = f"{RELEASE}-gpupool"
+    spec = read_json(kube.core.read_namespaced_service(f"{fullname}-scheduler-metrics", NAMESPACE,
+                                                        _preload_content=False))["spec"]
+    urls = [f"http://{spec['clusterIP']}:{spec['ports'][0]['port']}"]  # through kube-proxy
+    urls += [f"http://{p['status']['podIP']}:{p['spec']['containers'][0]['ports'][0]['containerPort']}"
+             for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/component") == "deviceplugin"]
+    submit_and_report(args, kube, urls[0], urls[1:])
+    say(f"the demo keeps running on {node}: KUBECONFIG={kube.kubeconfig} {gpupool_command()} status "
+        f"-l {POOL_LABEL}={POOL} --scheduler-name {SCHEDULER_NAME}; metrics: curl {urls[0]}/metrics (its "
+        f"Service); `make demo-down` removes everything")
+    return 0
+
+
+def submit_and_report(args: argparse.Namespace, kube: ClusterClient, scheduler_url: str,
+                      plugin_urls: list[str]) -> None:
+    """Status before, the workload submitted and settled, status after, the scheduler's figures."""
+    folder = state_dir(args.cluster)
     status(kube, "before")
     pods = workload(args)
     tiers: dict[str, int] = defaultdict(int)
@@ -304,20 +402,15 @@ def up(args: argparse.Namespace) -> int:
             "the workload asks for more GPUs than the demo's nodes have, so the lowest-priority pods wait "
             "(listed above by priority) until GPUs free up")
     # the cluster gauges are refreshed every 5 s: wait for a scrape that counts the placed GPUs
-    samples = scrape(agent_info["scheduler_port"])
+    samples = scrape(scheduler_url)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         states = {labels["state"]: value for labels, value in samples["gpupool_scheduler_cluster_gpus"]}
         if states.get("whole", 0) + states.get("shared", 0) > 0:
             break
         time.sleep(1)
-        samples = scrape(agent_info["scheduler_port"])
-    print_figures(samples, agent_info["plugin_ports"])
-    say(f"the demo keeps running (scheduler, device plugins, kubelet stand-ins): "
-        f"KUBECONFIG={kube.kubeconfig} {gpupool_command()} status -l {POOL_LABEL}={POOL} "
-        f"--scheduler-name {SCHEDULER_NAME}; metrics: curl 127.0.0.1:{agent_info['scheduler_port']}/metrics; "
-        f"logs in {folder}; `make demo-down` removes everything")
-    return 0
+        samples = scrape(scheduler_url)
+    print_figures(samples, plugin_urls)
 
 
 # ---- agent -----------------------------------------------------------------------------------------
@@ -437,6 +530,10 @@ def down(args: argparse.Namespace) -> int:
             helm(kube, "uninstall", RELEASE, "--namespace", NAMESPACE)
         nodes = [n["metadata"]["name"] for n in read_json(kube.core.list_node(
             label_selector=f"{POOL_LABEL}={POOL}", _preload_content=False))["items"]]
+        real = state.get("real_node")
+        if real in nodes:  # the cluster's own node: it only leaves the demo's pool
+            nodes.remove(real)
+            discard(kube.core.patch_node(real, {"metadata": {"labels": {POOL_LABEL: None}}}, _preload_content=False))
         say(f"deleting {len(nodes)} demo node(s) and namespace {NAMESPACE}")
         kube.delete_nodes(nodes)
         empty_namespace(kube)
@@ -463,7 +560,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"dev cluster name (default {DEFAULT_CLUSTER})")
     commands = parser.add_subparsers(dest="command", required=True)
     start = commands.add_parser("up", help="install the chart, run the scheduler and plugins, submit the workload")
-    start.add_argument("--plugin-nodes", type=int, default=2, help=f"nodes with the device plugin ({PLUGIN_PROFILE})")
+    start.add_argument("--node", choices=("auto", "real", "standin"), default="auto",
+                       help="where the chart's pods run: a real node (kubelet + containerd; needs root), local "
+                       "processes behind a kubelet stand-in, or auto: real where this machine can (default)")
+    start.add_argument("--plugin-nodes", type=int, default=2,
+                       help=f"without a real node: nodes with the device plugin ({PLUGIN_PROFILE})")
     start.add_argument("--kwok-nodes", type=int, default=4, help=f"kwok nodes ({KWOK_PROFILE})")
     start.add_argument("--training", type=int, default=6, help="2-GPU pods of priority class training")
     start.add_argument("--inference", type=int, default=12, help="pods of 8/16/20 memory units, class inference")

@@ -331,7 +331,7 @@ class DevCluster:
             started.append(node.name)
         for node in self.real_nodes():
             realnode.wait_node_ready(self.kubeconfig, node, timeout_s=START_TIMEOUT_S)
-        nodenet.route_services(net, components.SERVICE_CIDR)
+        nodenet.route_services(net, components.SERVICE_CIDR, count)
         if started:
             log(f"real node(s) {', '.join(started)} Ready")
         return tuple(started)

@@ -114,11 +114,14 @@ def ensure_cluster_net(cluster: str, apiserver_port: int, k: int | None = None) 
         return net
 
 
-def route_services(net: ClusterNet, service_cidr: str) -> None:
+def route_services(net: ClusterNet, service_cidr: str, nodes: int) -> None:
     """Send the host's traffic to Service ClusterIPs through node 0, whose kube-proxy translates it (as a
-    control-plane node's own kube-proxy would): kube-scheduler calls an extender's Service this way."""
+    control-plane node's own kube-proxy would): kube-scheduler calls an extender's Service this way. Pod
+    IPs are routed to their node, as a cluster network does (headless Services, metrics scrapes)."""
     with _net_lock():
         sh("ip", "route", "replace", service_cidr, "via", net.node_ip(0), "dev", net.bridge)
+        for i in range(nodes):
+            sh("ip", "route", "replace", net.pod_cidr(i), "via", net.node_ip(i), "dev", net.bridge)
 
 
 def remove_cluster_net(net: ClusterNet) -> None:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from scheduler_harness import POOL_LABEL, list_pods
 
 from gpupool_common.handshake import parse_ack
@@ -46,8 +47,8 @@ def test_demo_up_then_down_leaves_nothing(kube: ClusterClient) -> None:
     spec.loader.exec_module(module)
     pids: list[int] = []
     try:
-        out = demo(kube, "up", "--plugin-nodes", "1", "--kwok-nodes", "1", "--training", "2", "--inference", "3",
-                   "--best-effort", "3", "--timeout", "120")
+        out = demo(kube, "up", "--node", "standin", "--plugin-nodes", "1", "--kwok-nodes", "1", "--training", "2",
+                   "--inference", "3", "--best-effort", "3", "--timeout", "120")
         print(out)
         state = module.read_state(kube.cluster.name)
         pids = state["pids"]
@@ -121,3 +122,66 @@ def test_figures_missing_from_a_scrape_are_not_printed_as_zero(capsys) -> None:
     module.print_figures(samples, [])
     out = capsys.readouterr().out
     assert "whole 3  free 1" in out and "allocated: 75.0%" in out and out.count("not in this scrape") == 1, out
+
+
+def test_make_demo_runs_the_chart_as_pods_on_a_real_node_and_down_leaves_nothing() -> None:
+    """`make demo` on a machine that can run a real node (`--node auto` picks it; `--node real` insists): the
+    chart's scheduler and device plugin run as pods, the demo's pods that land on the real node run there
+    (their containers started by the kubelet), the figures come from the Services, and `down` removes the
+    cluster it started with its node (no process, mount, cgroup, namespace, link or NAT rule left)."""
+    import importlib.util
+
+    from realnode_cluster import machine_leftovers, skip_reason
+
+    from gpupool_devcluster import realnode
+    from gpupool_devcluster.cluster import DevCluster
+
+    reason = skip_reason()
+    if reason is not None:
+        if os.environ.get("GPUPOOL_IMAGE_TESTS") == "required":
+            pytest.fail(f"a real node cannot run here (GPUPOOL_IMAGE_TESTS=required): {reason}", pytrace=False)
+        pytest.skip(reason)
+    spec = importlib.util.spec_from_file_location("demo", DEMO)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    name = f"e2e-demo-{os.getpid()}"
+    cluster = DevCluster(name)
+    node = realnode.node_name(name, 0)
+
+    def run(*args: str) -> str:
+        done = subprocess.run([sys.executable, str(DEMO), "--cluster", name, *args], capture_output=True, text=True,
+                              timeout=400, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, f"demo {args[0]} failed ({done.returncode}):\n{out[-6000:]}"
+        return out
+
+    net = None
+    try:
+        out = run("up", "--node", "real", "--kwok-nodes", "1", "--training", "1", "--inference", "2",
+                  "--best-effort", "2", "--timeout", "120")
+        print(out)
+        net = cluster.node_net()
+        assert "a real node runs the chart's pods" in out
+        assert f"device plugin {node}: registered nvidia.com/gpu, nvidia.com/gpu-memory" in out
+        assert module.read_state(name)["mode"] == "real" and module.read_state(name)["pids"] == []
+        kube = ClusterClient.connect(cluster)
+        try:
+            chart = {p["metadata"]["name"]: p for p in list_pods(kube, module.NAMESPACE)
+                     if p["metadata"]["labels"].get("app.kubernetes.io/instance") == module.RELEASE}
+            assert {p["spec"]["nodeName"] for p in chart.values()} == {node}
+            assert all(p["status"]["phase"] == "Running" for p in chart.values()), chart
+            demo_pods = [p for p in list_pods(kube, module.NAMESPACE)
+                         if p["metadata"]["labels"].get("app.kubernetes.io/part-of") == "gpupool-demo"]
+            on_real = [p for p in demo_pods if p["spec"].get("nodeName") == node]
+            assert on_real, "no demo pod landed on the real node"
+            for p in on_real:  # the kubelet started their containers (not kwok)
+                (status,) = p["status"]["containerStatuses"]
+                assert status["containerID"].startswith("containerd://") and "running" in status["state"], p
+        finally:
+            kube.close()
+    finally:
+        print(run("down"))
+    assert cluster.running_state() is None  # the demo started it, so down stopped it
+    assert machine_leftovers(cluster, net, 1) == []
+    cluster.down(purge=True)
