@@ -13,6 +13,7 @@ no chart object and no chart container."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import subprocess
 import time
@@ -175,8 +176,20 @@ def test_the_chart_runs_as_pods_on_a_real_kubelet() -> None:
         (plugin_pod,) = ready_pods(kube, plugin_selector, 1)
         kube.core.delete_namespaced_pod(plugin_pod.metadata.name, NS, grace_period_seconds=0)
         realnode.RealNode(name, 0, cluster.layout).restart_kubelet()
+        restarted = datetime.datetime.now(datetime.UTC)
         wait_for(lambda: [p for p in ready_pods(kube, plugin_selector, 1)
                           if p.metadata.name != plugin_pod.metadata.name], 120, "a new device plugin pod Ready")
+
+        def registered_again() -> bool:
+            """The restarted kubelet's own status reports the GPUs: the new plugin pod registered with it.
+            Until its first status the node still shows the old kubelet's figures, while the new one has
+            no healthy device yet: a pod bound then fails admission (UnexpectedAdmissionError), with any
+            scheduler."""
+            status = kube.core.read_node(node).status
+            (ready,) = [c for c in status.conditions if c.type == "Ready"]
+            fresh = ready.last_heartbeat_time > restarted + datetime.timedelta(seconds=1)
+            return bool(fresh and ready.status == "True" and int((status.allocatable or {}).get(GPU, "0")) > 0)
+        wait_for(registered_again, 60, "the restarted kubelet reporting nvidia.com/gpu again")
         kube.core.create_namespaced_pod("default", gpu_pod("after-restart", node, "gpupool", gpus=1))
         wait_running(kube.core, "default", "after-restart", timeout_s=120)
         check_env_matches_assignment(kube, "after-restart")
