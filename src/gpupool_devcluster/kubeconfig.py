@@ -11,27 +11,8 @@ from kubernetes import client, config
 
 def write_kubeconfig(path: Path, *, server: str, ca_cert: Path, user: str, token: str, cluster_name: str) -> None:
     """A self-contained kubeconfig (CA embedded) authenticating with a bearer token; mode 0600."""
-    context = f"gpupool-{cluster_name}"
-    document = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": context,
-                "cluster": {
-                    "server": server,
-                    "certificate-authority-data": base64.b64encode(ca_cert.read_bytes()).decode(),
-                },
-            }
-        ],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": context, "context": {"cluster": context, "user": user}}],
-        "current-context": context,
-        "preferences": {},
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    path.chmod(0o600)
+    cluster = {"server": server, "certificate-authority-data": base64.b64encode(ca_cert.read_bytes()).decode()}
+    _write(path, cluster_name, cluster, user, {"token": token})
 
 
 def write_cert_kubeconfig(
@@ -41,15 +22,19 @@ def write_cert_kubeconfig(
     """A kubeconfig authenticating with a client certificate (files referenced, not embedded), as a
     kubelet's or kube-proxy's; `tls_server_name` checks the serving certificate for that name when the
     address dialled is not in it."""
-    context = f"gpupool-{cluster_name}"
-    cluster: dict[str, str] = {"server": server, "certificate-authority": str(ca_cert)}
+    cluster = {"server": server, "certificate-authority": str(ca_cert)}
     if tls_server_name:
         cluster["tls-server-name"] = tls_server_name
+    _write(path, cluster_name, cluster, user, {"client-certificate": str(cert), "client-key": str(key)})
+
+
+def _write(path: Path, cluster_name: str, cluster: dict[str, str], user: str, credentials: dict[str, str]) -> None:
+    context = f"gpupool-{cluster_name}"
     document = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": context, "cluster": cluster}],
-        "users": [{"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+        "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": context, "context": {"cluster": context, "user": user}}],
         "current-context": context,
         "preferences": {},

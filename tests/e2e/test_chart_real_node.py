@@ -16,14 +16,13 @@ from __future__ import annotations
 import datetime
 import os
 import subprocess
-import time
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from realnode_cluster import logged_env, real_cluster, wait_running, workload_pod
+from waiting import eventually
 
 from gpupool_common.handshake import parse_assignment
 from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory
@@ -40,14 +39,9 @@ RELEASE = "gp"
 FULLNAME = f"{RELEASE}-gpupool"
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
-        time.sleep(interval)
+def poll(check: Any, timeout: float, what: str) -> Any:
+    """`eventually`, at two reads a second: these conditions take seconds, and each read is an API call."""
+    return eventually(check, timeout, what, interval=0.5)
 
 
 def helm(kube: ClusterClient, *args: str) -> str:
@@ -116,7 +110,7 @@ def test_the_chart_runs_as_pods_on_a_real_kubelet() -> None:
         plugin_selector = "app.kubernetes.io/component=deviceplugin"
 
         # the scheduler replicas: Running, in-cluster config, one holds the Lease, Service answers
-        replicas = wait_for(lambda: ready_pods(kube, scheduler_selector, 2), 120, "2 scheduler replicas Ready")
+        replicas = poll(lambda: ready_pods(kube, scheduler_selector, 2), 120, "2 scheduler replicas Ready")
         assert {p.spec.node_name for p in replicas} == {node}
         assert {p.spec.service_account_name for p in replicas} == {f"{FULLNAME}-scheduler"}
         coordination = client.CoordinationV1Api(kube.api_client)
@@ -126,21 +120,21 @@ def test_the_chart_runs_as_pods_on_a_real_kubelet() -> None:
                 return coordination.read_namespaced_lease("gpupool-scheduler", NS).spec.holder_identity or None
             except ApiException:
                 return None
-        leader = wait_for(holder, 60, "the Lease held")
+        leader = poll(holder, 60, "the Lease held")
         assert leader in {p.metadata.name for p in replicas}
         service = kube.core.read_namespaced_service(f"{FULLNAME}-scheduler-metrics", NS)
         base = f"http://{service.spec.cluster_ip}:{service.spec.ports[0].port}"
-        status, text = wait_for(lambda: (r := http_get(f"{base}/metrics"))[0] == 200 and r, 30, "/metrics")
+        status, text = poll(lambda: (r := http_get(f"{base}/metrics"))[0] == 200 and r, 30, "/metrics")
         assert "gpupool_scheduler" in text
         assert http_get(f"{base}/healthz")[0] == 200
 
         # the device plugin registers with the real kubelet; the node reports the GPUs
-        wait_for(lambda: ready_pods(kube, plugin_selector, 1), 120, "the device plugin pod Ready")
+        poll(lambda: ready_pods(kube, plugin_selector, 1), 120, "the device plugin pod Ready")
 
         def capacity() -> dict[str, str] | None:
             found = kube.core.read_node(node).status.capacity or {}
             return found if found.get(GPU) == "8" and found.get(MEM) == "640" else None
-        wait_for(capacity, 60, f"{node} reporting 8 {GPU} and 640 {MEM}")
+        poll(capacity, 60, f"{node} reporting 8 {GPU} and 640 {MEM}")
         annotations = kube.core.read_node(node).metadata.annotations
         inventory = parse_inventory(annotations[INVENTORY_ANNOTATION])
         nvlinked = {frozenset((p.a, p.b)) for p in inventory.pairs if p.nvlinks}
@@ -167,7 +161,7 @@ def test_the_chart_runs_as_pods_on_a_real_kubelet() -> None:
         def failed_scheduling() -> list[Any]:
             events = kube.core.list_namespaced_event("default", field_selector="involvedObject.name=huge").items
             return [e for e in events if e.reason == "FailedScheduling"]
-        wait_for(failed_scheduling, 60, "a FailedScheduling event for huge")
+        poll(failed_scheduling, 60, "a FailedScheduling event for huge")
         assert kube.core.read_namespaced_pod("huge", "default").status.phase == "Pending"
 
         # the plugin pod killed and the kubelet restarted: running pods keep their GPUs, new pods admitted
@@ -177,7 +171,7 @@ def test_the_chart_runs_as_pods_on_a_real_kubelet() -> None:
         kube.core.delete_namespaced_pod(plugin_pod.metadata.name, NS, grace_period_seconds=0)
         realnode.RealNode(name, 0, cluster.layout).restart_kubelet()
         restarted = datetime.datetime.now(datetime.UTC)
-        wait_for(lambda: [p for p in ready_pods(kube, plugin_selector, 1)
+        poll(lambda: [p for p in ready_pods(kube, plugin_selector, 1)
                           if p.metadata.name != plugin_pod.metadata.name], 120, "a new device plugin pod Ready")
 
         def registered_again() -> bool:
@@ -189,7 +183,7 @@ def test_the_chart_runs_as_pods_on_a_real_kubelet() -> None:
             (ready,) = [c for c in status.conditions if c.type == "Ready"]
             fresh = ready.last_heartbeat_time > restarted + datetime.timedelta(seconds=1)
             return bool(fresh and ready.status == "True" and int((status.allocatable or {}).get(GPU, "0")) > 0)
-        wait_for(registered_again, 60, "the restarted kubelet reporting nvidia.com/gpu again")
+        poll(registered_again, 60, "the restarted kubelet reporting nvidia.com/gpu again")
         kube.core.create_namespaced_pod("default", gpu_pod("after-restart", node, "gpupool", gpus=1))
         wait_running(kube.core, "default", "after-restart", timeout_s=120)
         check_env_matches_assignment(kube, "after-restart")
@@ -202,7 +196,7 @@ def test_the_chart_runs_as_pods_on_a_real_kubelet() -> None:
         helm(kube, "upgrade", RELEASE, str(CHART), "--namespace", NS, *chart_values(node),
              "--set", "extender.enabled=true", "--set", "scheduler.enabled=false",
              "--set", "schedulerName=gpupool-extender")
-        wait_for(lambda: ready_pods(kube, "app.kubernetes.io/component=extender", 1), 120, "the extender Ready")
+        poll(lambda: ready_pods(kube, "app.kubernetes.io/component=extender", 1), 120, "the extender Ready")
         extender = kube.core.read_namespaced_service(f"{FULLNAME}-extender", NS)
         url = f"http://{extender.spec.cluster_ip}:{extender.spec.ports[0].port}"
         cluster.start_kube_scheduler(scheduler_name="gpupool-extender", tag="kube-scheduler-extender",
@@ -212,7 +206,7 @@ def test_the_chart_runs_as_pods_on_a_real_kubelet() -> None:
         check_env_matches_assignment(kube, "via-extender")
 
         helm(kube, "uninstall", RELEASE, "--namespace", NS, "--wait")
-        wait_for(lambda: not kube.core.list_namespaced_pod(NS).items, 60, "the chart's pods gone")
+        poll(lambda: not kube.core.list_namespaced_pod(NS).items, 60, "the chart's pods gone")
         assert not client.AppsV1Api(kube.api_client).list_namespaced_deployment(NS).items
         assert not client.AppsV1Api(kube.api_client).list_namespaced_daemon_set(NS).items
         assert [s.metadata.name for s in kube.core.list_namespaced_service(NS).items] == []
@@ -242,4 +236,4 @@ def _no_container_left_of(cluster: DevCluster, name: str, image_prefix: str) -> 
         tasks = subprocess.run(["ctr", "--address", str(node.socket), "-n", "k8s.io", "tasks", "ls"],
                                capture_output=True, text=True, check=True).stdout
         return [line for line in listed if line.split()[0] in tasks]
-    wait_for(lambda: not running(), 60, f"no {image_prefix} container running")
+    poll(lambda: not running(), 60, f"no {image_prefix} container running")
