@@ -142,11 +142,11 @@ def netns_name(cluster: str, i: int) -> str:
 
 def add_node_netns(net: ClusterNet, cluster: str, i: int) -> str:
     """The node's network namespace, wired to the bridge: eth0 with its node IP, default route to the host,
-    forwarding on (pods are routed through it). Returns its name."""
+    forwarding on (pods are routed through it). Returns its name. A leftover one is the caller's to remove
+    first (RealNode.teardown)."""
     if not 0 <= i < MAX_NODES:
         raise DevClusterError(f"node index {i} out of range 0..{MAX_NODES - 1}")
     ns = netns_name(cluster, i)
-    remove_node_netns(net, cluster, i)
     sh("ip", "netns", "add", ns)
     veth = net.veth(i)
     sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
+from image.test_image import require_or_skip
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -21,27 +21,20 @@ from gpupool_devcluster.errors import DevClusterError
 WORKLOAD_IMAGE = "gpupool-workload:0.1.0"
 
 
-def skip_reason() -> str | None:
-    """Why real nodes cannot run here (with GPUPOOL_IMAGE_TESTS=required, as in CI, they must run)."""
+def require_real_nodes() -> None:
+    """Skip when real nodes cannot run here; fail instead where GPUPOOL_IMAGE_TESTS=required (CI)."""
     reason = realnode.can_run_real_nodes()
-    if reason is not None:
-        return reason
-    try:
-        realnode.default_images()
-    except DevClusterError as exc:
-        return str(exc)
-    return None
+    if reason is None:
+        try:
+            realnode.default_images()
+        except DevClusterError as exc:
+            reason = str(exc)
+    require_or_skip(reason)
 
 
 @contextlib.contextmanager
 def real_cluster(name: str, nodes: int = 1) -> Iterator[tuple[DevCluster, ClusterClient]]:
-    reason = skip_reason()
-    if reason is not None:
-        import os
-
-        if os.environ.get("GPUPOOL_IMAGE_TESTS") == "required":
-            pytest.fail(f"real nodes cannot run here (GPUPOOL_IMAGE_TESTS=required): {reason}", pytrace=False)
-        pytest.skip(reason)
+    require_real_nodes()
     cluster = DevCluster(name)
     try:
         cluster.up(real_nodes=nodes)

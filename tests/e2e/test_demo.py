@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from scheduler_harness import POOL_LABEL, list_pods
 
 from gpupool_common.handshake import parse_ack
@@ -131,16 +130,12 @@ def test_make_demo_runs_the_chart_as_pods_on_a_real_node_and_down_leaves_nothing
     cluster it started with its node (no process, mount, cgroup, namespace, link or NAT rule left)."""
     import importlib.util
 
-    from realnode_cluster import machine_leftovers, skip_reason
+    from realnode_cluster import machine_leftovers, require_real_nodes
 
     from gpupool_devcluster import realnode
     from gpupool_devcluster.cluster import DevCluster
 
-    reason = skip_reason()
-    if reason is not None:
-        if os.environ.get("GPUPOOL_IMAGE_TESTS") == "required":
-            pytest.fail(f"a real node cannot run here (GPUPOOL_IMAGE_TESTS=required): {reason}", pytrace=False)
-        pytest.skip(reason)
+    require_real_nodes()
     spec = importlib.util.spec_from_file_location("demo", DEMO)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

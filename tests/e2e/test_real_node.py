@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 from kubernetes import client
-from realnode_cluster import machine_leftovers, real_cluster, wait_running, workload_pod
+from realnode_cluster import logged_env, machine_leftovers, real_cluster, wait_running, workload_pod
 
 from gpupool_devcluster import realnode
+from gpupool_devcluster.cluster import DevCluster
 
 
 def test_a_real_node_runs_pods_survives_a_kubelet_restart_and_leaves_nothing_behind() -> None:
@@ -34,8 +35,6 @@ def test_a_real_node_runs_pods_survives_a_kubelet_restart_and_leaves_nothing_beh
         pod = wait_running(kube.core, ns, "hello")  # kube-scheduler placed it; runc runs it
         assert pod.spec.node_name == node_name
         assert pod.status.pod_ip.startswith(net.pod_cidr(0).rsplit(".", 2)[0])
-        from realnode_cluster import logged_env
-
         env = logged_env(kube.core, ns, "hello")  # the log: kube-apiserver -> the kubelet -> containerd
         assert env["GREETING"] == "from-a-real-node"
         assert env["KUBERNETES_SERVICE_HOST"] == "10.96.0.1"
@@ -65,11 +64,8 @@ def test_a_real_node_runs_pods_survives_a_kubelet_restart_and_leaves_nothing_beh
     cluster.down(purge=True)
 
 
-def _container_pid(cluster: object, marker_pod: str) -> int:
-    """The pid of the workload process (the only `/envdump`-style workload in this cluster's cgroup root)."""
-    from gpupool_devcluster.cluster import DevCluster
-
-    assert isinstance(cluster, DevCluster)
+def _container_pid(cluster: DevCluster, marker_pod: str) -> int:
+    """The pid of the workload process (the only non-pause process in this cluster's cgroup root)."""
     node = realnode.RealNode(cluster.name, 0, cluster.layout)
     for folder in node.cgroups():
         if folder.parent.name != "pids":
