@@ -15,6 +15,8 @@ Modes, switchable at run time from any thread:
     held moves on, as TCP's retransmissions would deliver it after a partition heals, except what a client
     gave up on meanwhile (closed its connection), which is dropped, as a reset connection drops its unsent
     data.
+`freeze_after_bindings(count)` makes the proxy black-hole itself the moment Binding number `count + 1` arrives,
+before forwarding it: exactly `count` Bindings reach the apiserver, whatever the client's speed (`frozen` is set).
 Independently, `drop_binding_responses(fraction, seed)`: that fraction (seeded) of Bindings (POST `.../binding`)
 is forwarded, its answer read from the apiserver, and the client connection closed without an answer.
 
@@ -174,6 +176,10 @@ class FaultProxy:
         self._conns: dict[int, tuple[asyncio.StreamWriter, list[asyncio.StreamWriter]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._listeners: list[Callable[[ProxyRecord], None]] = []
+        self._freeze_after: int | None = None
+        self._bindings_seen = 0
+        self.frozen = threading.Event()
+        self.binding_statuses: list[int] = []  # the apiserver's answers to Bindings, withheld or not
 
     # ------------------------------------------------------------------ control (any thread)
 
@@ -244,6 +250,13 @@ class FaultProxy:
         with self._lock:
             self._drop_fraction = fraction
             self._rng = random.Random(seed)
+
+    def freeze_after_bindings(self, count: int) -> None:
+        """Black-hole everything (as `set_mode(BLACKHOLE)`) when Binding number `count + 1` arrives."""
+        with self._lock:
+            self._freeze_after = count
+            self._bindings_seen = 0
+        self.frozen.clear()
 
     def on_record(self, listener: Callable[[ProxyRecord], None]) -> None:
         self._listeners.append(listener)
@@ -349,6 +362,8 @@ class FaultProxy:
             path, _, query = target.partition("?")
             body = await self._read_body(client, fields, request=True)
             assert self._open is not None
+            if method == "POST" and BINDING.match(path):
+                self._count_binding()
             held = not self._open.is_set()
             if not await self._hold(client):
                 return  # the client gave up during the partition: its request never arrives
@@ -373,6 +388,9 @@ class FaultProxy:
                 answered_at = time.time()
                 status_line, status_fields = _headers(status_head)
                 status = int(status_line.split(" ", 2)[1])
+                if target:
+                    with self._lock:
+                        self.binding_statuses.append(status)
                 if drop:
                     await self._read_response_body(up_reader, status_fields, method, status, None)
                     self.dropped += 1
@@ -387,6 +405,17 @@ class FaultProxy:
             connection = (_get(fields, "Connection") or "").lower()
             if not keep or connection == "close" or (_get(status_fields, "Connection") or "").lower() == "close":
                 return
+
+    def _count_binding(self) -> None:
+        """On the loop: freeze (black-hole) before the Binding past `freeze_after_bindings`'s count."""
+        assert self._open is not None
+        with self._lock:
+            self._bindings_seen += 1
+            freeze = self._freeze_after is not None and self._bindings_seen > self._freeze_after
+        if freeze and self._open.is_set():
+            self.mode = BLACKHOLE
+            self._open.clear()
+            self.frozen.set()
 
     async def _gate(self) -> None:
         """Answers wait out a black hole too."""

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from kubernetes import watch
+from faultproxy import proxy_for
 from scheduler_harness import (
     SchedulerProcess,
     add_pool_nodes,
@@ -60,22 +61,25 @@ def test_sigkill_mid_burst_then_restart_allocates_nothing_twice(
     name = unique("restart")
     manifests = _burst(name, small_pool, 48)  # 16 whole GPUs, 160 units, 16 of the 18 1g.10gb slices
     create_pods(kube.core, namespace, manifests, concurrency=16)
-    first = start_scheduler(kube, name, log_dir, ready=False)
-    # a watch, not a LIST poll: a burst of 48 binds can finish between two polls
-    bound: set[str] = set()
-    stream = watch.Watch()
-    for event in stream.stream(kube.core.list_namespaced_pod, namespace, timeout_seconds=60):
-        obj = event["object"]
-        if obj.spec.node_name:
-            bound.add(obj.metadata.name)
-        if len(bound) >= 3:
+    # The first replica talks through a proxy that freezes (holds every request and answer) when its 4th
+    # Binding arrives: 3 Bindings reach the apiserver, their answers never reach the scheduler, and the
+    # SIGKILL lands mid-burst however fast the scheduler binds (a watch-then-kill raced a 48-bind burst).
+    with proxy_for(kube.cluster.layout.pki.folder, kube.server, label="first",
+                   log_file=log_dir / "proxy-first.jsonl") as proxy:
+        proxy.freeze_after_bindings(3)
+        kubeconfig = proxy.write_kubeconfig(kube.kubeconfig, log_dir / "kubeconfig-first")
+        first = start_scheduler(replace(kube, kubeconfig=kubeconfig), name, log_dir, ready=False)
+        try:
+            assert proxy.frozen.wait(60), "the first scheduler did not send 4 Bindings within 60 s"
+            # the 3 let through are committed (their answers held from the scheduler)
+            wait_until(lambda: len(proxy.binding_statuses) == 3, 15, "the apiserver's answers to 3 Bindings")
+            assert proxy.binding_statuses == [201] * 3, proxy.binding_statuses
+        finally:
             first.kill()  # SIGKILL: binds in flight are cut wherever they are
-            stream.stop()
-            break
-    else:
-        first.kill()
-        raise AssertionError("the first binds did not come within 60 s")
-    bound_at_kill = sum(1 for p in list_pods(kube, namespace) if p["spec"].get("nodeName"))
+    bound_at_kill = wait_until(
+        lambda: (n := sum(1 for p in list_pods(kube, namespace) if p["spec"].get("nodeName"))) >= 3 and n,
+        15, "the 3 Bindings that reached the apiserver")
+    assert bound_at_kill == 3, f"{bound_at_kill} pods bound; the proxy let 3 Bindings through"
     second = start_scheduler(kube, name, log_dir)
     try:
         pods = wait_bound(kube, namespace, len(manifests), timeout_s=120)
@@ -83,7 +87,6 @@ def test_sigkill_mid_burst_then_restart_allocates_nothing_twice(
         assert all(p["metadata"]["annotations"].get("gpupool.io/assignment") for p in pods)
     finally:
         second.stop()
-    assert bound_at_kill < len(manifests), "the kill came after the burst; nothing was tested"
 
 
 @pytest.fixture
