@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpupool_sched.framework.statement import Statement
 from gpupool_sched.placement.registry import build_policy
 from gpupool_sched.scheduler.cycle import Cycle, CycleResult
 from gpupool_sched.scheduler.kubeapi import ApiError
@@ -571,3 +572,59 @@ def test_a_more_important_gang_takes_a_lower_preemptors_holds(world: World) -> N
     assert {p.node for _, p in placed.statement.placements} == {"n1"}
     assert world.state.nominations[mid["metadata"]["uid"]].holds == set()
     assert free_gpus(world.state, "n1") == [0, 0, 0, 0]  # the gang's, counted once
+
+
+# ---- the statement owns every hold it releases ------------------------------------------------------
+def held_gpus(world: World) -> int:
+    return sum(1 for e in world.state.pods.values() if e.phase is Phase.NOMINATED and e.applied)
+
+
+def test_a_discarded_statement_accounts_every_released_hold_again(world: World) -> None:
+    mid_holding_n1(world)
+    critical = world.state.plan(prio_pod("critical", 1000, gpus=4, scheduler="gpupool"))
+    with Statement(world.state) as statement:
+        statement.release_holds([critical])  # mid's holds are lower: released for critical's decision
+        assert free_gpus(world.state, "n1") == [1000] * 4
+    assert statement.committed is False  # left without a commit: discarded
+    assert free_gpus(world.state, "n1") == [0, 0, 0, 0] and held_gpus(world) == 4
+    with pytest.raises(RuntimeError, match="discarded"):
+        statement.commit()
+
+
+def test_a_failing_decision_leaves_no_hold_released_and_nothing_assumed(world: World) -> None:
+    mid = mid_holding_n1(world)
+
+    def broken() -> Any:
+        raise RuntimeError("placement core failed")
+
+    world.cycle.policy = broken
+    for members in ([world.state.plan(prio_pod("critical", 1000, gpus=4, scheduler="gpupool"))],
+                    [world.state.plan(prio_pod(f"g-{i}", 1000, gpus=2, scheduler="gpupool")) for i in range(2)]):
+        with pytest.raises(RuntimeError, match="placement core failed"):
+            if len(members) == 1:
+                world.cycle.schedule(members[0])
+            else:
+                world.cycle.schedule_gang(members, 2)
+        assert free_gpus(world.state, "n1") == [0, 0, 0, 0] and held_gpus(world) == 4
+        assert len(world.state.nominations[mid["metadata"]["uid"]].holds) == 4
+        assert not any(m.uid in world.state.pods for m in members)
+
+
+def test_a_gang_member_that_cannot_be_assumed_undoes_the_others_and_the_released_holds(world: World) -> None:
+    mid_holding_n1(world)
+    member = world.state.plan(prio_pod("g-0", 1000, gpus=2, scheduler="gpupool"))
+    with pytest.raises(ValueError, match="already in the ledger"):
+        world.cycle.schedule_gang([member, member], 2)  # the second assumption of one pod fails
+    assert member.uid not in world.state.pods  # the first one was undone
+    assert free_gpus(world.state, "n1") == [0, 0, 0, 0] and held_gpus(world) == 4
+
+
+def test_commit_drops_lower_holds_only_on_the_nodes_the_decision_took(world: World) -> None:
+    mid = mid_holding_n1(world)
+    critical = world.state.plan(prio_pod("critical", 1000, gpus=4, scheduler="gpupool"))
+    with Statement(world.state) as statement:
+        statement.release_holds([critical])
+        statement.commit()  # nothing placed: nothing taken, every hold comes back
+    assert len(world.state.nominations[mid["metadata"]["uid"]].holds) == 4 and held_gpus(world) == 4
+    with pytest.raises(RuntimeError, match="committed"):
+        statement.release_holds([critical])

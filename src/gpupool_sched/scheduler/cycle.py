@@ -5,7 +5,8 @@ The cycle asks the placement core (`decide`, unchanged and pure) and records its
 as Volcano's Statement does. A committed statement is what the binder carries out. Preemption is
 such a step: a pod that fits nowhere and may preempt gets a `plan_preemption` answer (pure, like
 `decide`), recorded as a statement with evictions (victims marked, nomination made) that the preemptor
-carries out. A preemptor's holds (what its gone victims freed) are released for its own decision only.
+carries out. A preemptor's holds (what its gone victims freed) are released for its own decision only,
+through the statement (`gpupool_sched.framework.statement`), which settles or restores them.
 A gang is one statement with several placements: `place_gang` (pure) answers for all of its members
 at once, and they are assumed together or not at all.
 """
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
+from gpupool_sched.framework.statement import Statement
 from gpupool_sched.model.cluster import ClusterSnapshot
-from gpupool_sched.model.decision import Placement, Unschedulable
+from gpupool_sched.model.decision import Unschedulable
 from gpupool_sched.placement.decide import NodeSample, decide
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import GangUnschedulable, place_gang
@@ -32,45 +34,6 @@ from gpupool_sched.scheduler.preemptor import DEFAULT_MAX_CHECKPOINT_GRACE_S, no
 from gpupool_sched.scheduler.state import ClusterState, plan_shapes
 
 P = TypeVar("P", Preemption, GangPreemption)  # a pod's plan or a gang's
-
-
-@dataclass(slots=True)
-class Statement:
-    """Tentative placements on the state: each is assumed at once (so that later steps of the same
-    cycle see it) and released again by `discard`."""
-
-    state: ClusterState
-    placements: list[tuple[PodPlan, Placement]] = field(default_factory=list)
-    evictions: list[tuple[PodPlan, Preemption]] = field(default_factory=list)  # victims marked, nominated
-    committed: bool = False
-
-    def assume(self, plan: PodPlan, placement: Placement) -> None:
-        if self.committed:
-            raise RuntimeError("statement already committed")
-        self.state.assume(plan, placement)
-        self.placements.append((plan, placement))
-
-    def evict(self, plan: PodPlan, preemption: Preemption, timeout_s: float) -> None:
-        """Mark `preemption`'s victims as evicted for `plan` and nominate it on their node (a gang's
-        statement does this for each member that needs victims)."""
-        if self.committed:
-            raise RuntimeError("statement already committed")
-        victims = [v.uid for v in preemption.victims]
-        self.state.nominate(plan.uid, plan.key, preemption.node, plan.priority, victims, timeout_s)
-        self.evictions.append((plan, preemption))
-
-    def discard(self) -> None:
-        for plan, _ in reversed(self.placements):
-            self.state.forget(plan.uid)
-        self.placements.clear()
-        for plan, preemption in reversed(self.evictions):
-            self.state.spare(plan.uid, (v.uid for v in preemption.victims))
-            self.state.end_nomination(plan.uid)
-        self.evictions.clear()
-
-    def commit(self) -> list[tuple[PodPlan, Placement]]:
-        self.committed = True
-        return list(self.placements)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,20 +92,13 @@ class Cycle:
         are still terminating (kube-scheduler's PodEligibleToPreemptOthers). With `reclaim` (its team
         takes back guaranteed quota that others borrow), it may also evict those pods whatever their
         priority (Kueue's reclaimWithinCohort: Any), when preemption by priority finds no plan."""
-        held = self.state.release_holds(plan.uid)
-        lower = self.state.release_lower_holds(plan.priority, {plan.uid})
-        try:
-            result = self._decide(plan)
-        except BaseException:
-            for uid in (plan.uid, *lower):
-                self.state.restore_holds(uid)
-            raise
-        if result.statement is not None:  # assumed: its own holds went with its nomination
-            self._settle_lower_holds(lower, {result.statement.placements[0][1].node})
-            return result
-        self._settle_lower_holds(lower, set())
-        if held:
-            self.state.restore_holds(plan.uid)
+        with Statement(self.state) as statement:
+            statement.release_holds([plan])
+            result = self._decide(plan, statement)
+            if result.statement is not None:
+                statement.commit()
+                return result
+        # discarded: every hold released for the decision is accounted again
         if running is None or self.state.nomination_live(plan.uid):
             return result
         if self.state.preemptions.get(plan.uid, 0) >= self.max_preemptions:
@@ -159,9 +115,9 @@ class Cycle:
             # the plan already has the fewest violations: every node needs a protected victim. The
             # Eviction API would refuse it (429) after the unprotected victims were gone, so evict nobody
             return CycleResult(plan, None, result.unschedulable, seconds, blocked_by_budget=preemption)
-        statement = Statement(self.state)
-        self._evict(statement, plan, preemption)
-        statement.commit()
+        with Statement(self.state) as statement:
+            self._evict(statement, plan, preemption)
+            statement.commit()
         return CycleResult(plan, statement, result.unschedulable, seconds, preemption, reclaiming)
 
     def _plan_evictions(self, priority: int, running: Callable[[], list[RunningPod]],
@@ -195,47 +151,20 @@ class Cycle:
         (`plan_gang_preemption`), and not while victims of an earlier attempt are still terminating.
         With `reclaim` too (its team takes back guaranteed quota others borrow), it may evict those
         borrowed pods whatever their priority when preemption by priority finds no plan."""
-        held = [p.uid for p in plans if self.state.release_holds(p.uid)]
-        lower = self.state.release_lower_holds(min(p.priority for p in plans), {p.uid for p in plans})
-        snapshot = self.state.snapshot
-        sampler = self.sampler.follow(snapshot) if self.sampler is not None else None
-        start = time.perf_counter()
-        try:
+        with Statement(self.state) as statement:
+            statement.release_holds(plans)
+            snapshot = self.state.snapshot
+            sampler = self.sampler.follow(snapshot) if self.sampler is not None else None
+            start = time.perf_counter()
             out = place_gang(snapshot, [p.request for p in plans], need, self.policy(), self.rng, sample=sampler)
-        except BaseException:
-            for uid in (*held, *lower):
-                self.state.restore_holds(uid)
-            raise
-        seconds = time.perf_counter() - start
-        if isinstance(out, GangUnschedulable):
-            for uid in (*held, *lower):
-                self.state.restore_holds(uid)
-            return self._preempt_for_gang(plans, need, out, seconds, running, reclaim)
-        statement = Statement(self.state)
-        try:
-            for i, placement in out.placements:
-                statement.assume(plans[i], placement)  # ends that member's nomination: its holds went
-        except BaseException:
-            statement.discard()
-            for uid in (*held, *lower):
-                self.state.restore_holds(uid)
-            raise
-        placed = {plans[i].uid for i, _ in out.placements}
-        for uid in held:
-            if uid not in placed:
-                self.state.restore_holds(uid)
-        self._settle_lower_holds(lower, {p.node for _, p in out.placements})
-        statement.commit()
-        return GangResult(statement, None, seconds)
-
-    def _settle_lower_holds(self, released: list[str], taken: set[str]) -> None:
-        """Less important preemptors' holds released for a decision: dropped on the nodes the decision
-        took (that room went to the more important pod), accounted again elsewhere."""
-        for uid in released:
-            if self.state.nominations[uid].node in taken:
-                self.state.drop_holds(uid)
-            else:
-                self.state.restore_holds(uid)
+            seconds = time.perf_counter() - start
+            if not isinstance(out, GangUnschedulable):
+                for i, placement in out.placements:
+                    statement.assume(plans[i], placement)  # ends that member's nomination: its holds went
+                statement.commit()
+                return GangResult(statement, None, seconds)
+        # discarded: every hold released for the decision is accounted again
+        return self._preempt_for_gang(plans, need, out, seconds, running, reclaim)
 
     def _preempt_for_gang(self, plans: list[PodPlan], need: int, out: GangUnschedulable, seconds: float,
                           running: Callable[[], list[RunningPod]] | None,
@@ -255,15 +184,15 @@ class Cycle:
             return GangResult(None, out, seconds)
         if preemption.pdb_violations:
             return GangResult(None, out, seconds, blocked_by_budget=preemption)
-        statement = Statement(self.state)
-        for member in preemption.members:
-            if member.victims:
-                self._evict(statement, plans[member.member],
-                            Preemption(member.placement.node, member.victims, member.placement, 0))
-        statement.commit()
+        with Statement(self.state) as statement:
+            for member in preemption.members:
+                if member.victims:
+                    self._evict(statement, plans[member.member],
+                                Preemption(member.placement.node, member.victims, member.placement, 0))
+            statement.commit()
         return GangResult(statement, out, seconds, preemption=preemption, reclaim=reclaiming)
 
-    def _decide(self, plan: PodPlan) -> CycleResult:
+    def _decide(self, plan: PodPlan, statement: Statement) -> CycleResult:
         snapshot = self.state.snapshot
         # scan in tie-break order from the first node each time: docs/benchmarks.md shows a rotating
         # start costs FGD 1.5 points of allocation on openb, a fixed one nothing measurable
@@ -277,9 +206,7 @@ class Cycle:
         seconds = time.perf_counter() - start
         if isinstance(decision, Unschedulable):
             return CycleResult(plan, None, decision, seconds)
-        statement = Statement(self.state)
         statement.assume(plan, decision)
-        statement.commit()
         return CycleResult(plan, statement, None, seconds)
 
     @staticmethod

@@ -1,0 +1,99 @@
+"""Every tentative change of one decision, committed or discarded whole (Volcano's Statement).
+
+A decision may release holds (what a preemptor's gone victims freed, kept for it), assume placements and
+mark evictions with a nomination. Each is applied to the cluster state at once, so that later steps of
+the same decision see it, and recorded here:
+  * `commit` settles what was released: a preemptor's own holds went with its placement (`assume` ends
+    its nomination) or are accounted again; holds of less important preemptors are dropped on the nodes
+    this decision took and accounted again elsewhere.
+  * `discard` undoes everything: placements forgotten, victims spared, nominations ended, every released
+    hold accounted again.
+Used as a context manager, a statement not committed when the block ends (an exception included) is
+discarded. Nothing but a statement releases, drops or restores holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.placement.preemption import Preemption
+from gpupool_sched.scheduler.podspec import PodPlan
+from gpupool_sched.scheduler.state import ClusterState
+
+
+class Statement:
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.placements: list[tuple[PodPlan, Placement]] = []
+        self.evictions: list[tuple[PodPlan, Preemption]] = []  # victims marked, preemptor nominated
+        self.committed = False
+        self._closed = False
+        self._own_released: list[str] = []  # nominations whose holds were released for their own pod
+        self._lower_released: list[str] = []  # nominations of lower priority, released for this decision
+
+    def __enter__(self) -> Statement:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if not self._closed:
+            self.discard()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("statement already " + ("committed" if self.committed else "discarded"))
+
+    def release_holds(self, plans: Sequence[PodPlan]) -> None:
+        """Un-account, for this decision, the holds of `plans`' own nominations and of every nomination of
+        lower priority than all of them: kube-scheduler counts a nominated pod only against pods of its
+        priority or lower, so a more important pod may take that room."""
+        self._check_open()
+        for plan in plans:
+            if self.state.release_holds(plan.uid):
+                self._own_released.append(plan.uid)
+        own = {p.uid for p in plans}
+        self._lower_released += self.state.release_lower_holds(min(p.priority for p in plans), own)
+
+    def assume(self, plan: PodPlan, placement: Placement) -> None:
+        """`plan` placed: accounted at once (its nomination, holds included, ends)."""
+        self._check_open()
+        self.state.assume(plan, placement)
+        self.placements.append((plan, placement))
+
+    def evict(self, plan: PodPlan, preemption: Preemption, timeout_s: float) -> None:
+        """Mark `preemption`'s victims as evicted for `plan` and nominate it on their node (a gang's
+        statement does this for each member that needs victims), holding for `timeout_s`."""
+        self._check_open()
+        victims = [v.uid for v in preemption.victims]
+        self.state.nominate(plan.uid, plan.key, preemption.node, plan.priority, victims, timeout_s)
+        self.evictions.append((plan, preemption))
+
+    def commit(self) -> None:
+        self._check_open()
+        placed = {plan.uid for plan, _ in self.placements}
+        taken = {placement.node for _, placement in self.placements}
+        for uid in self._own_released:
+            if uid not in placed:
+                self.state.restore_holds(uid)
+        for uid in self._lower_released:
+            nomination = self.state.nominations.get(uid)
+            if nomination is not None and nomination.node in taken:
+                self.state.drop_holds(uid)  # that room went to the more important pod
+            else:
+                self.state.restore_holds(uid)
+        self.committed = self._closed = True
+
+    def discard(self) -> None:
+        self._check_open()
+        self._closed = True
+        for plan, _ in reversed(self.placements):
+            self.state.forget(plan.uid)
+        self.placements.clear()
+        for plan, preemption in reversed(self.evictions):
+            self.state.spare(plan.uid, (v.uid for v in preemption.victims))
+            self.state.end_nomination(plan.uid)
+        self.evictions.clear()
+        for uid in (*self._own_released, *self._lower_released):
+            self.state.restore_holds(uid)
