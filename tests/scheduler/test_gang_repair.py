@@ -70,12 +70,12 @@ def test_a_gang_short_of_a_member_after_its_timeout_is_released_whole() -> None:
         assert any("1 of the 2 members (minMember) are bound and 1 more must join them" in m for m in failed), failed
         assert not any("0 of the 1 members it needs" in m for m in failed), failed
         await asyncio.sleep(1.0)  # the group's scheduleTimeoutSeconds
-        service._release_broken_gangs()
+        service.gang_upkeep.release_broken()
         await until(lambda: any(p.endswith("/pods/a/eviction") for _, p, _ in server.written))
         released = events(server, "GangReleased")
         assert any(e["involvedObject"]["kind"] == "PodGroup" for e in released)
         assert not any(p.endswith("/pods/c/eviction") for _, p, _ in server.written)
-        service._release_broken_gangs()  # once: nothing more is evicted
+        service.gang_upkeep.release_broken()  # once: nothing more is evicted
         await asyncio.sleep(0.2)
         assert sum(p.endswith("/eviction") for _, p, _ in server.written) == 1
         await service.recorder.stop()
@@ -100,7 +100,7 @@ def test_a_gang_made_whole_again_is_not_released() -> None:
                 break
         assert ("ns/b", "n1") in server.bindings
         await asyncio.sleep(1.0)
-        service._release_broken_gangs()
+        service.gang_upkeep.release_broken()
         await asyncio.sleep(0.2)
         assert not any(p.endswith("/eviction") for _, p, _ in server.written)
 

@@ -85,10 +85,10 @@ def test_per_node_gauges_follow_bound_pods_and_drop_removed_nodes() -> None:
         return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text
                 if line.startswith("gpupool_scheduler_node_gpus_bound{")}
 
-    service._gauges(full=True)
+    service.gauges.set(full=True)
     assert series() == {'gpupool_scheduler_node_gpus_bound{node="n1"}': 2.0,
                         'gpupool_scheduler_node_gpus_bound{node="n2"}': 0.0}
     service.on_pod("DELETED", bound)
     service.on_node("DELETED", node_obj("n2"))
-    service._gauges(full=True)
+    service.gauges.set(full=True)
     assert series() == {'gpupool_scheduler_node_gpus_bound{node="n1"}': 0.0}

@@ -20,45 +20,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from gpupool_sched.model.request import PodRequest
-from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragmentation_milli
+from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.framework import Policy
-from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.registry import POLICIES, build_policy
 from gpupool_sched.placement.workload import RollingProfile, forget_profile
 from gpupool_sched.scheduler import gcpolicy
 from gpupool_sched.scheduler.binder import Binder, BindOutcome
 from gpupool_sched.scheduler.cycle import Cycle
-from gpupool_sched.scheduler.gangs import GROUP, PLURAL, PODGROUPS, VERSION, Gangs, group_of
+from gpupool_sched.scheduler.gang_upkeep import GangUpkeep
+from gpupool_sched.scheduler.gangs import PODGROUPS, Gangs
+from gpupool_sched.scheduler.gauges import Gauges
 from gpupool_sched.scheduler.informer import Informers, WatchedKind
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
-from gpupool_sched.scheduler.metrics import GPU_STATES, SchedulerMetrics, gpu_states
-from gpupool_sched.scheduler.podspec import InvalidPod, PodPlan, pod_revision
+from gpupool_sched.scheduler.metrics import SchedulerMetrics
+from gpupool_sched.scheduler.podspec import pod_revision
 from gpupool_sched.scheduler.preemptor import (
     DEFAULT_MAX_CHECKPOINT_GRACE_S,
     DisruptionBudgets,
     Preemptor,
-    eviction_reason,
-    may_preempt,
-    running_pods,
 )
 from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, QuotaFreed, SchedulingQueue
 from gpupool_sched.scheduler.quotas import QuotaBook, quota_kinds
-from gpupool_sched.scheduler.recorder import EventRecorder, says_unschedulable
-from gpupool_sched.scheduler.state import ClusterState, Phase
+from gpupool_sched.scheduler.recorder import EventRecorder
+from gpupool_sched.scheduler.scheduling import Scheduling
+from gpupool_sched.scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
 
-# what may help a pod that fit nowhere (kube-scheduler's queueing hints)
-UNSCHEDULABLE_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED, ClusterEvent.GPU_FREED,
-                       ClusterEvent.BUDGET_RELAXED)
-NOT_YET_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED)  # unknown model / profile, too big a share
 PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
 PDBS = "/apis/policy/v1/poddisruptionbudgets"
 CYCLE_SLICE_S = 0.005
@@ -151,10 +145,16 @@ class SchedulerService:
         self.informers = Informers(api, self._watched_kinds(), registry=self.metrics.registry,
                                    consistency_check_s=config.consistency_check_s)
         self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
-        self._ended: dict[str, str] = {}  # UID -> Succeeded/Failed, for gang members (PodGroup status)
-        self._node_gauges: dict[str, tuple[Any, Any]] = {}  # node -> its gpus_bound, memory_units_bound children
         self._observed: set[str] = set()  # UIDs whose request entered the workload profile
         self.decisions = 0
+        self.scheduling = Scheduling(self.state, self.queue, self.cycle, self.quotas, self.gangs, self.budgets,
+                                     self.binder, self.preemptor, self.recorder, self.metrics, self._pending,
+                                     self._observe)
+        self.gang_upkeep = GangUpkeep(self.state, self.gangs, api, self.recorder, self.metrics,
+                                      lambda: self.leader.is_leader, self._spawn, self._wake_gang,
+                                      repair_s=config.gang_repair_s)
+        self.gauges = Gauges(self.metrics, self.state, self.queue, lambda: self.leader.is_leader,
+                             self.profile.profile, config.memory_unit_mib)
         self._gc_pauses = gcpolicy.GcPauses(
             lambda generation, seconds: self.metrics.gc_seconds.labels(generation=str(generation)).inc(seconds))
 
@@ -291,7 +291,7 @@ class SchedulerService:
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         update = self.state.apply_pod(obj, deleted=kind == "DELETED")
-        self._track_gang(uid, obj, kind == "DELETED")
+        self.gang_upkeep.track(uid, obj, kind == "DELETED")
         if update.gone:
             self._pending.pop(uid, None)
             self.queue.delete(uid)
@@ -323,21 +323,6 @@ class SchedulerService:
         elif self.state.drop_adopted(uid):
             self.queue.on_event(ClusterEvent.GPU_FREED)
 
-    def _track_gang(self, uid: str, obj: dict[str, Any], deleted: bool) -> None:
-        if deleted:
-            self.gangs.untrack(uid)
-            self._ended.pop(uid, None)
-            return
-        key, _ = group_of(obj)
-        if key is None and self.gangs.member_of(uid) is None:
-            return
-        phase = (obj.get("status") or {}).get("phase")
-        if phase in ("Succeeded", "Failed"):
-            self._ended[uid] = phase
-        joined = self.gangs.track(uid, key)
-        if joined is not None:
-            self._wake_gang(joined)
-
     # ---- the cycle -----------------------------------------------------------------------------
     async def _cycle_loop(self) -> None:
         await self.synced.wait()
@@ -368,190 +353,15 @@ class SchedulerService:
             await asyncio.sleep(0)
 
     def schedule_one(self, item: QueuedPod) -> None:
-        obj = self._pending.get(item.uid)
-        if obj is None or item.uid in self.state.pods:
-            self.queue.done(item.uid)
-            return
-        popped = time.monotonic()
-        log.debug("scheduling %s", item.key)
-        group, problem = group_of(obj)
-        if problem is not None:
-            self.metrics.attempts.labels(result="invalid").inc()
-            self.queue.park(item, ())
-            self._report_unschedulable(obj, problem)
-            return
-        try:
-            plan = self.state.plan(obj)
-        except InvalidPod as exc:
-            self.metrics.attempts.labels(result="invalid").inc()
-            self.queue.park(item, () if exc.permanent else NOT_YET_HINTS)
-            self._report_unschedulable(obj, str(exc))
-            return
-        if group is not None and self._schedule_gang(item, plan, group, popped):
-            return
-        self._observe(plan.uid, plan.request)
-        verdict = self.quotas.check(plan)
-        if not verdict.ok:
-            self.metrics.attempts.labels(result="unschedulable").inc()
-            self.queue.park(item, self.quotas.wake_hints(verdict))
-            self._report_unschedulable(obj, verdict.message)
-            return
-        preempts = may_preempt(obj, self.state.non_preempting_classes)
-        nominated = self.state.nominations.get(plan.uid)
-        victims = (lambda: running_pods(self.state, self.budgets, plan.priority)) if preempts else None
-        reclaim = (lambda: self.quotas.reclaim(plan, running_pods(self.state, self.budgets))) if preempts else None
-        result = self.cycle.schedule(plan, victims, reclaim)
-        self.metrics.algorithm_latency.observe(result.seconds)
-        if result.unschedulable is not None:
-            self.metrics.attempts.labels(result="unschedulable").inc()
-            message = result.unschedulable.message
-            if result.preemption is not None:
-                why = eviction_reason(result.reclaim, verdict.quota)
-                self.preemptor.carry_out(plan, result.preemption, why)
-                message += f"; preempting {len(result.preemption.victims)} pod(s) {why} on {result.preemption.node}"
-            elif (blocked := result.blocked_by_budget) is not None:
-                self.metrics.preemption_attempts.labels(result="pdb_blocked").inc()
-                message += (f"; preemption would need {blocked.pdb_violations} pod(s) a PodDisruptionBudget "
-                            f"protects on {blocked.node}: waiting")
-            elif preempts and not self.state.nomination_live(plan.uid):
-                self.metrics.preemption_attempts.labels(result="no_plan").inc()
-            self.queue.park(item, UNSCHEDULABLE_HINTS)
-            self._report_unschedulable(obj, message)
-            return
-        assert result.statement is not None
-        if nominated is not None and nominated.holds and result.statement.placements[0][1].node != nominated.node:
-            self.queue.on_event(ClusterEvent.GPU_FREED)  # placed elsewhere: its holds went back to the pool
-        for pod_plan, placement in result.statement.placements:
-            self.binder.submit(pod_plan, placement, item, popped)
-
-    def _schedule_gang(self, item: QueuedPod, plan: PodPlan, key: str, popped: float) -> bool:
-        """Decide for the gang `key` that the popped pod belongs to. False: the gang's minimum is already
-        placed, so the pod is scheduled on its own like any other."""
-        gangs = self.gangs
-        group = gangs.groups.get(key)
-        if group is None or group.problem is not None:
-            if group is not None:
-                why = group.problem or ""
-            elif not gangs.available:
-                why = f"PodGroup {key} cannot exist: the PodGroup CRD ({GROUP}) is not installed"
-            else:
-                why = f"PodGroup {key} not found; the pod waits for it"
-            self.metrics.attempts.labels(result="unschedulable").inc()
-            self.queue.park(item, ())
-            self._report_unschedulable(self._pending[plan.uid], why)
-            return True
-        placed = gangs.placed(key, self.state)
-        need = group.min_member - len(placed)
-        if need <= 0:
-            return False
-        gangs.started(key)
-        members = sorted(u for u in gangs.members.get(key, ()) if u in self._pending and u not in self.state.pods)
-        plans, items = [plan], [item]
-        for uid in members:
-            if uid == plan.uid:
-                continue
-            try:
-                other = self.state.plan(self._pending[uid])
-            except InvalidPod:
-                continue  # it gets its own Event when it is popped
-            taken = self.queue.take(uid)
-            if taken is not None:
-                plans.append(other)
-                items.append(taken)
-        self._observe(plan.uid, plan.request)
-        # every member bound passes admission: the quota's refusal keeps all of them (minimum over) or those
-        # beyond what it admits waiting
-        admitted, verdict = self.quotas.admit_gang(plans, need) if len(plans) >= need else (len(plans), None)
-        if verdict is not None and not verdict.ok:
-            for member, member_item in zip(plans[admitted:], items[admitted:], strict=True):
-                self.metrics.attempts.labels(result="unschedulable").inc()
-                self.queue.park(member_item, self.quotas.wake_hints(verdict))
-                if (member_obj := self._pending.get(member.uid)) is not None:
-                    self._report_unschedulable(member_obj, f"PodGroup {key}: {verdict.message}")
-            if not admitted:
-                return True
-            plans, items = plans[:admitted], items[:admitted]
-        if len(plans) < need:
-            message = (f"PodGroup {key}: waiting for members: {len(placed)} placed and {len(plans)} pending "
-                       f"of the {group.min_member} (minMember) that must start together")
-            self._gang_unschedulable(key, plans, items, message)
-            return True
-        preempts = all(may_preempt(self._pending[p.uid], self.state.non_preempting_classes) for p in plans)
-        floor = min(p.priority for p in plans)
-        victims = (lambda: running_pods(self.state, self.budgets, floor)) if preempts else None
-        reclaim = ((lambda: self.quotas.reclaim_gang(plans, running_pods(self.state, self.budgets)))
-                   if preempts else None)
-        result = self.cycle.schedule_gang(plans, need, victims, reclaim)
-        self.metrics.algorithm_latency.observe(result.seconds)
-        if result.statement is None or result.preemption is not None:
-            assert result.unschedulable is not None
-            message = f"PodGroup {key}: {result.unschedulable.message}"
-            if placed:  # a gang short of members it had: say so, not "0 of the 1 members it needs"
-                why = result.unschedulable.message
-                if isinstance(result.unschedulable, GangUnschedulable):
-                    why = result.unschedulable.unschedulable.message  # the per-node reasons
-                message = (f"PodGroup {key}: {len(placed)} of the {group.min_member} members (minMember) are "
-                           f"bound and {need} more must join them; none fits now: {why}")
-            if result.preemption is not None:
-                why = eviction_reason(result.reclaim, verdict.quota if verdict is not None else None)
-                for member, eviction in result.statement.evictions if result.statement else ():
-                    self.preemptor.carry_out(member, eviction, why)
-                nodes = sorted({v.node for v in result.preemption.victims})
-                message += (f"; preempting {len(result.preemption.victims)} pod(s) {why} on "
-                            f"{', '.join(nodes)} for {len(result.preemption.members)} members")
-            elif (blocked := result.blocked_by_budget) is not None:
-                self.metrics.preemption_attempts.labels(result="pdb_blocked").inc()
-                message += (f"; preemption would need {blocked.pdb_violations} pod(s) a PodDisruptionBudget "
-                            f"protects: waiting")
-            self._gang_unschedulable(key, plans, items, message)
-            return True
-        by_uid = dict(zip((p.uid for p in plans), items, strict=True))
-        bound = set()
-        for member, placement in result.statement.placements:
-            self.binder.submit(member, placement, by_uid[member.uid], popped)
-            bound.add(member.uid)
-        for other_plan, other_item in zip(plans, items, strict=True):
-            if other_plan.uid not in bound:  # beyond the minimum and no room now: on its own later
-                self.queue.park(other_item, UNSCHEDULABLE_HINTS)
-        if group.first_try is not None:
-            self.metrics.gang_wait.observe(time.monotonic() - group.first_try)
-        gangs.scheduled(key)
-        log.info("PodGroup %s: %d member(s) placed together on %s", key, len(bound),
-                 ", ".join(sorted({p.node for _, p in result.statement.placements})))
-        return True
-
-    def _gang_unschedulable(self, key: str, plans: list[PodPlan], items: list[QueuedPod], message: str) -> None:
-        for member, member_item in zip(plans, items, strict=True):
-            self.metrics.attempts.labels(result="unschedulable").inc()
-            self.queue.park(member_item, UNSCHEDULABLE_HINTS)
-            obj = self._pending.get(member.uid)
-            if obj is not None:
-                self._report_unschedulable(obj, message)
-        group = self.gangs.groups.get(key)
-        if group is not None:
-            group.last_message = message
+        self.scheduling.schedule_one(item)
 
     def _bound(self, outcome: BindOutcome, item: QueuedPod) -> None:
         plan = outcome.plan
         if outcome.ok:
             self.queue.done(item.uid)
             self.recorder.scheduled(plan.namespace, plan.name, plan.uid, outcome.node)
-            return
-        key = self.gangs.member_of(plan.uid)
-        if key is None or plan.uid in self.state.pods:
-            return  # not a gang member, or its outcome is still unknown (kept while it is read)
-        group = self.gangs.broke(key)
-        if group is None:
-            return
-        placed = len(self.gangs.placed(key, self.state))
-        timeout = group.timeout_s or self.config.gang_repair_s
-        message = (f"member {plan.key}'s Binding to {outcome.node} failed ({outcome.error}): {placed} of the "
-                   f"{group.min_member} members (minMember) are bound; the member is retried, and the bound "
-                   f"ones are released if the gang is not whole again within {timeout:.0f} s")
-        log.warning("PodGroup %s: %s", key, message)
-        self.recorder.record_object((f"{GROUP}/{VERSION}", "PodGroup"), group.namespace, group.name, group.uid,
-                                    "Warning", "GangBroken", message)
-        group.last_message = message
+        else:
+            self.gang_upkeep.bind_failed(outcome)
 
     def _unbound(self, uid: str) -> None:
         """A pod read unbound after its Binding's outcome was unknown: back to the queue."""
@@ -564,12 +374,6 @@ class SchedulerService:
             namespace, _, name = entry.key.partition("/")
             self.binder.verify(entry.uid, entry.key, namespace, name, entry.node, None)
 
-    def _report_unschedulable(self, obj: dict[str, Any], message: str) -> None:
-        meta = obj.get("metadata") or {}
-        ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
-        log.info("pod %s/%s: %s", ns, name, message)
-        self.recorder.unschedulable(ns, name, uid, message, condition=not says_unschedulable(obj, message))
-
     # ---- housekeeping: flush, expiry, gauges -----------------------------------------------------
     async def _housekeeping(self) -> None:
         tick = 0
@@ -579,76 +383,14 @@ class SchedulerService:
                 self.queue.flush()
                 self._verify_unconfirmed()
                 self._expire_nominations()
-                self._write_gang_status()
-                self._release_broken_gangs()
+                self.gang_upkeep.write_status()
+                self.gang_upkeep.release_broken()
                 if self.leader.is_leader:
                     self._spawn(self._publish_quotas())
-                self._gauges(full=tick % 5 == 0)
+                self.gauges.set(full=tick % 5 == 0)
             except Exception:
                 log.exception("housekeeping failed")
             tick += 1
-
-    def _write_gang_status(self) -> None:
-        """PodGroup status (phase, scheduled, running, ...) where it changed; only the leader writes."""
-        if not self.leader.is_leader:
-            return
-        phases: Counter[str] = Counter()
-        for group in list(self.gangs.groups.values()):
-            if self.gangs.overdue(group.key) is not None:
-                self.recorder.record_object(
-                    (f"{GROUP}/{VERSION}", "PodGroup"), group.namespace, group.name, group.uid, "Warning",
-                    "ScheduleTimeout", f"not placed within scheduleTimeoutSeconds ({group.timeout_s:.0f} s): "
-                    f"{group.last_message}")
-            status = self.gangs.status(group, self.state, self._ended)
-            phases[status["phase"]] += 1
-            if status == group.written:
-                continue
-            group.written = status
-            self._spawn(self._patch_gang_status(group.namespace, group.name, status))
-        self.metrics.gangs.clear()
-        for phase, n in phases.items():
-            self.metrics.gangs.labels(phase=phase).set(n)
-
-    def _release_broken_gangs(self) -> None:
-        """A committed gang that lost a member (its Binding failed) and is still short after its timeout:
-        its bound members are evicted (their controller recreates them, and the gang is placed whole)."""
-        if not self.leader.is_leader:
-            return
-        for group in self.gangs.to_release(self.state, self.config.gang_repair_s):
-            bound = [self.state.pods[u] for u in sorted(self.gangs.placed(group.key, self.state))]
-            bound = [e for e in bound if e.phase.value in ("bound", "confirmed")]
-            message = (f"not whole again within {group.timeout_s or self.config.gang_repair_s:.0f} s after a "
-                       f"member's Binding failed: releasing its {len(bound)} bound member(s) "
-                       f"({', '.join(e.key for e in bound) or 'none'}) so that it is placed whole again")
-            log.warning("PodGroup %s: %s", group.key, message)
-            self.recorder.record_object((f"{GROUP}/{VERSION}", "PodGroup"), group.namespace, group.name, group.uid,
-                                        "Warning", "GangReleased", message)
-            group.last_message = message
-            for entry in bound:
-                namespace, _, name = entry.key.partition("/")
-                self.recorder.record(namespace, name, entry.uid, "Warning", "GangReleased",
-                                     f"evicted: its PodGroup {group.key} is short of minMember ({message})")
-                self._spawn(self._evict_member(group.key, namespace, name, entry.uid))
-
-    async def _evict_member(self, key: str, namespace: str, name: str, uid: str) -> None:
-        try:
-            await self.api.evict(namespace, name, uid, None)
-        except ApiError as exc:
-            log.warning("pod %s/%s: releasing it from its broken gang failed (%s); trying again after the "
-                        "gang's timeout", namespace, name, exc)
-            group = self.gangs.groups.get(key)
-            if group is not None and group.broken_since is None:
-                group.committed = True
-                self.gangs.broke(key)
-
-    async def _patch_gang_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        try:
-            await self.api.patch_custom_status(GROUP, VERSION, PLURAL, namespace, name, status)
-        except ApiError as exc:
-            log.warning("PodGroup %s/%s: writing its status failed: %s", namespace, name, exc)
-            group = self.gangs.groups.get(f"{namespace}/{name}")
-            if group is not None:
-                group.written = {}  # written again at the next housekeeping
 
     async def _publish_quotas(self) -> None:
         try:
@@ -670,57 +412,6 @@ class SchedulerService:
             self.preemptor.clear(namespace, name)
         if stale:
             self.queue.on_event(ClusterEvent.GPU_FREED)
-
-    def _gauges(self, full: bool) -> None:
-        m = self.metrics
-        m.nominations.set(len(self.state.nominations))
-        m.leader.set(1 if self.leader.is_leader else 0)
-        m.queue_length.clear()
-        for (queue, priority), n in self.queue.lengths().items():
-            m.queue_length.labels(queue=queue, priority=str(priority)).set(n)
-        phases = Counter(e.phase.value for e in self.state.pods.values())
-        for phase in Phase:
-            m.ledger.labels(phase=phase.value).set(phases.get(phase.value, 0))
-        m.gate_timeouts.set(self.state.gate_timeouts)
-        if not full:
-            return
-        m.pending_oldest_age.clear()
-        wall = time.time()
-        for priority, created in self.queue.oldest_created_by_priority().items():
-            m.pending_oldest_age.labels(priority=str(priority)).set(max(0.0, wall - created))
-        gpus: Counter[str] = Counter()
-        units: Counter[str] = Counter()
-        unit = self.config.memory_unit_mib
-        for e in self.state.pods.values():
-            for part in (e.placement, *e.placement.extras):
-                if part.gpu_indices and part.gpu_milli >= 1000:
-                    gpus[e.node] += len(part.gpu_indices)
-                elif part.gpu_memory_mib and part.gpu_indices:
-                    units[e.node] += part.gpu_memory_mib // unit
-        views = self.state.nodes.values()
-        health = Counter("healthy" if g.healthy else "unhealthy" for v in views for g in v.spec.gpus)
-        for state in ("healthy", "unhealthy"):
-            m.gpus.labels(health=state).set(health.get(state, 0))
-        by_state = gpu_states(self.state)
-        for state in GPU_STATES:
-            m.cluster_gpus.labels(state=state).set(by_state.get(state, 0))
-        children = self._node_gauges  # labels() per node and tick would cost more than the rest together
-        for node in [n for n in children if n not in self.state.nodes]:
-            del children[node]
-            m.gpus_bound.remove(node)
-            m.memory_units_bound.remove(node)
-        for node in self.state.nodes:
-            pair = children.get(node)
-            if pair is None:
-                pair = children[node] = (m.gpus_bound.labels(node=node), m.memory_units_bound.labels(node=node))
-            pair[0].set(gpus.get(node, 0))
-            pair[1].set(units.get(node, 0))
-        snap = self.state.snapshot
-        total = snap.total_gpu_milli
-        if total:
-            m.gpu_allocated.set(100.0 * snap.used_gpu_milli() / total)
-            frag = cluster_fragmentation_milli(snap, self.profile.profile())
-            m.fragmentation.set(100.0 * frag / total)
 
     # ---- health ----------------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:

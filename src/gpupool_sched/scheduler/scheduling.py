@@ -1,0 +1,215 @@
+"""One popped pod to a decision for its job: build the job, admit it (quota), decide (the cycle), and
+hand the answer on (binder, preemptor, Events).
+
+A pod outside any PodGroup is a gang of one. A PodGroup member brings along the group's other pending
+members (`Job`); when the group's minimum is already placed, the member is a gang of one too. Every
+rule after that is written once, for jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool_sched.framework.job import Job
+from gpupool_sched.model.request import PodRequest
+from gpupool_sched.placement.gang import GangUnschedulable
+from gpupool_sched.placement.gang_preemption import GangPreemption
+from gpupool_sched.placement.preemption import Preemption
+from gpupool_sched.placement.quota import Verdict
+from gpupool_sched.scheduler.binder import Binder
+from gpupool_sched.scheduler.cycle import Cycle, CycleResult, GangResult
+from gpupool_sched.scheduler.gangs import GROUP, Gangs, group_of
+from gpupool_sched.scheduler.metrics import SchedulerMetrics
+from gpupool_sched.scheduler.podspec import InvalidPod, PodPlan
+from gpupool_sched.scheduler.preemptor import (
+    DisruptionBudgets,
+    Preemptor,
+    eviction_reason,
+    may_preempt,
+    running_pods,
+)
+from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, SchedulingQueue
+from gpupool_sched.scheduler.quotas import QuotaBook
+from gpupool_sched.scheduler.recorder import EventRecorder, says_unschedulable
+from gpupool_sched.scheduler.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+# what may help a pod that fit nowhere (kube-scheduler's queueing hints)
+UNSCHEDULABLE_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED, ClusterEvent.GPU_FREED,
+                       ClusterEvent.BUDGET_RELAXED)
+NOT_YET_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED)  # unknown model / profile, too big a share
+
+
+@dataclass
+class Scheduling:
+    state: ClusterState
+    queue: SchedulingQueue
+    cycle: Cycle
+    quotas: QuotaBook
+    gangs: Gangs
+    budgets: DisruptionBudgets
+    binder: Binder
+    preemptor: Preemptor
+    recorder: EventRecorder
+    metrics: SchedulerMetrics
+    pending: dict[str, dict[str, Any]]  # uid -> latest object of our pending pods
+    observe: Callable[[str, PodRequest], None]  # a request into the workload profile
+
+    def schedule_one(self, item: QueuedPod) -> None:
+        obj = self.pending.get(item.uid)
+        if obj is None or item.uid in self.state.pods:
+            self.queue.done(item.uid)
+            return
+        popped = time.monotonic()
+        log.debug("scheduling %s", item.key)
+        group, problem = group_of(obj)
+        if problem is not None:
+            self.metrics.attempts.labels(result="invalid").inc()
+            self.queue.park(item, ())
+            self.report_unschedulable(obj, problem)
+            return
+        try:
+            plan = self.state.plan(obj)
+        except InvalidPod as exc:
+            self.metrics.attempts.labels(result="invalid").inc()
+            self.queue.park(item, () if exc.permanent else NOT_YET_HINTS)
+            self.report_unschedulable(obj, str(exc))
+            return
+        job = self._job(item, plan, group) if group is not None else Job(plan.key, [plan], [item])
+        if job is None:
+            return
+        self.observe(plan.uid, plan.request)
+        self._schedule(job, popped)
+
+    def _job(self, item: QueuedPod, plan: PodPlan, key: str) -> Job | None:
+        """The job of a PodGroup member: the group's pending members, or the member alone once the group's
+        minimum is placed. None: the member waits for its group (told why)."""
+        group = self.gangs.groups.get(key)
+        if group is None or group.problem is not None:
+            if group is not None:
+                why = group.problem or ""
+            elif not self.gangs.available:
+                why = f"PodGroup {key} cannot exist: the PodGroup CRD ({GROUP}) is not installed"
+            else:
+                why = f"PodGroup {key} not found; the pod waits for it"
+            self.metrics.attempts.labels(result="unschedulable").inc()
+            self.queue.park(item, ())
+            self.report_unschedulable(self.pending[plan.uid], why)
+            return None
+        placed = self.gangs.placed(key, self.state)
+        need = group.min_member - len(placed)
+        if need <= 0:
+            return Job(plan.key, [plan], [item])
+        self.gangs.started(key)
+        job = Job(key, [plan], [item], need, group, placed)
+        for uid in sorted(u for u in self.gangs.members.get(key, ()) if u in self.pending and u not in self.state.pods):
+            if uid == plan.uid:
+                continue
+            try:
+                other = self.state.plan(self.pending[uid])
+            except InvalidPod:
+                continue  # it gets its own Event when it is popped
+            taken = self.queue.take(uid)
+            if taken is not None:
+                job.plans.append(other)
+                job.items.append(taken)
+        return job
+
+    def _schedule(self, job: Job, popped: float) -> None:
+        # every member bound passes admission: the quota's refusal keeps all of them (minimum over) or
+        # those beyond what it admits waiting
+        admitted, verdict = (self.quotas.admit_gang(job.plans, job.need) if len(job.plans) >= job.need
+                             else (len(job.plans), None))
+        if verdict is not None and not verdict.ok:
+            for member, item in zip(job.plans[admitted:], job.items[admitted:], strict=True):
+                self.metrics.attempts.labels(result="unschedulable").inc()
+                self.queue.park(item, self.quotas.wake_hints(verdict))
+                if (obj := self.pending.get(member.uid)) is not None:
+                    self.report_unschedulable(obj, job.says(verdict.message))
+            if not admitted:
+                return
+            job = job.first(admitted)
+        if len(job.plans) < job.need:
+            assert job.group is not None
+            self._unschedulable(job, job.says(
+                f"waiting for members: {len(job.placed)} placed and {len(job.plans)} pending of the "
+                f"{job.group.min_member} (minMember) that must start together"))
+            return
+        preempts = all(may_preempt(self.pending[p.uid], self.state.non_preempting_classes) for p in job.plans)
+        nominated = {p.uid: n for p in job.plans if (n := self.state.nominations.get(p.uid)) is not None}
+        floor = job.priority
+        victims = (lambda: running_pods(self.state, self.budgets, floor)) if preempts else None
+        reclaim = ((lambda: self.quotas.reclaim_gang(job.plans, running_pods(self.state, self.budgets)))
+                   if preempts else None)
+        result: CycleResult | GangResult = (self.cycle.schedule_gang(job.plans, job.need, victims, reclaim)
+                                            if job.gang else self.cycle.schedule(job.plans[0], victims, reclaim))
+        self.metrics.algorithm_latency.observe(result.seconds)
+        if result.statement is None or result.preemption is not None:
+            message = self._failure(job, result, verdict)
+            if result.preemption is None and result.blocked_by_budget is None and preempts and not any(
+                    self.state.nomination_live(p.uid) for p in job.plans):
+                self.metrics.preemption_attempts.labels(result="no_plan").inc()
+            self._unschedulable(job, message)
+            return
+        by_uid = dict(zip((p.uid for p in job.plans), job.items, strict=True))
+        placements = result.statement.placements
+        for member, placement in placements:
+            held = nominated.get(member.uid)
+            if held is not None and held.holds and placement.node != held.node:
+                self.queue.on_event(ClusterEvent.GPU_FREED)  # placed elsewhere: its holds went back to the pool
+            self.binder.submit(member, placement, by_uid[member.uid], popped)
+        bound = {member.uid for member, _ in placements}
+        for member, item in zip(job.plans, job.items, strict=True):
+            if member.uid not in bound:  # beyond the minimum and no room now: on its own later
+                self.queue.park(item, UNSCHEDULABLE_HINTS)
+        if job.group is not None:
+            if job.group.first_try is not None:
+                self.metrics.gang_wait.observe(time.monotonic() - job.group.first_try)
+            self.gangs.scheduled(job.key)
+            log.info("PodGroup %s: %d member(s) placed together on %s", job.key, len(bound),
+                     ", ".join(sorted({p.node for _, p in placements})))
+
+    def _failure(self, job: Job, result: CycleResult | GangResult, verdict: Verdict | None) -> str:
+        """Why the job was not placed (for its members' Events); the preemption it starts, if any."""
+        assert result.unschedulable is not None
+        message = job.says(result.unschedulable.message)
+        if job.group is not None and job.placed:  # a gang short of members it had: not "0 of the 1 it needs"
+            why = result.unschedulable.message
+            if isinstance(result.unschedulable, GangUnschedulable):
+                why = result.unschedulable.unschedulable.message  # the per-node reasons
+            message = (f"PodGroup {job.key}: {len(job.placed)} of the {job.group.min_member} members (minMember) "
+                       f"are bound and {job.need} more must join them; none fits now: {why}")
+        if (preemption := result.preemption) is not None:
+            why = eviction_reason(result.reclaim, verdict.quota if verdict is not None else None)
+            for member, eviction in result.statement.evictions if result.statement else ():
+                self.preemptor.carry_out(member, eviction, why)
+            nodes = ", ".join(sorted({v.node for v in preemption.victims}))
+            message += f"; preempting {len(preemption.victims)} pod(s) {why} on {nodes}"
+            if isinstance(preemption, GangPreemption):
+                message += f" for {len(preemption.members)} members"
+        elif (blocked := result.blocked_by_budget) is not None:
+            self.metrics.preemption_attempts.labels(result="pdb_blocked").inc()
+            where = f" on {blocked.node}" if isinstance(blocked, Preemption) else ""
+            message += (f"; preemption would need {blocked.pdb_violations} pod(s) a PodDisruptionBudget "
+                        f"protects{where}: waiting")
+        return message
+
+    def _unschedulable(self, job: Job, message: str) -> None:
+        for member, item in zip(job.plans, job.items, strict=True):
+            self.metrics.attempts.labels(result="unschedulable").inc()
+            self.queue.park(item, UNSCHEDULABLE_HINTS)
+            if (obj := self.pending.get(member.uid)) is not None:
+                self.report_unschedulable(obj, message)
+        if job.group is not None:
+            job.group.last_message = message
+
+    def report_unschedulable(self, obj: dict[str, Any], message: str) -> None:
+        meta = obj.get("metadata") or {}
+        ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+        log.info("pod %s/%s: %s", ns, name, message)
+        self.recorder.unschedulable(ns, name, uid, message, condition=not says_unschedulable(obj, message))
