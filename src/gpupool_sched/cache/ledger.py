@@ -1,0 +1,156 @@
+"""The ledger: every pod that holds (or is about to hold) resources on a node, keyed by UID, accounted on
+one `ClusterSnapshot` that the ledger alone writes; the facts pods are planned against; the views the
+cycle and preemption read."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from gpupool_sched.cache.entries import Nomination, Phase, PodEntry, Shape, Tombstone, fits_layout, without_gpus
+from gpupool_sched.model.cluster import ClusterSnapshot, NodeSpec
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.scheduler.nodes import NodeView
+from gpupool_sched.scheduler.podspec import ClusterFacts, PodPlan, plan_pod
+
+log = logging.getLogger(__name__)
+
+
+class Ledger:
+    def __init__(
+        self,
+        scheduler_name: str,
+        *,
+        memory_unit_mib: int = 1024,
+        gate_timeout_s: float = 30.0,
+        confirm_ttl_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scheduler_name = scheduler_name
+        self.memory_unit_mib = memory_unit_mib
+        self.gate_timeout_s = gate_timeout_s
+        self.confirm_ttl_s = confirm_ttl_s
+        self.clock = clock
+        self.snapshot = ClusterSnapshot([])
+        self.nodes: dict[str, NodeView] = {}
+        self._node_signature: dict[str, tuple[Any, ...]] = {}
+        self._node_rv: dict[str, int] = {}
+        self.pods: dict[str, PodEntry] = {}
+        self.by_node: dict[str, set[str]] = defaultdict(set)
+        self._tombstones: dict[str, Tombstone] = {}
+        self._pod_rv: dict[str, int] = {}
+        self.priority_classes: dict[str, int] = {}
+        self._facts: ClusterFacts | None = None
+        self.on_gate_release: Callable[[str], None] = lambda node: None
+        self._applied_priorities: Counter[int] = Counter()  # priority -> accounted entries
+        self._gate_load: dict[Shape, dict[str, int]] = defaultdict(dict)  # shape -> node -> pods in its gate
+        self.gate_timeouts = 0
+        self.unknown_devices = 0  # bound pods whose GPUs could not be told (accounted by a guess)
+        self.nominations: dict[str, Nomination] = {}  # preemptor UID -> its nomination
+        self.non_preempting_classes: set[str] = set()  # PriorityClasses with preemptionPolicy: Never
+        self.preemptions: dict[str, int] = {}  # pending pod UID -> preemptions it started (a storm bound)
+        self._nominated_on: dict[str, str] = {}  # preemptor UID -> node of its latest nomination, ours or adopted
+        # called with an entry whenever it joins or leaves `pods` or what it holds changes (QuotaBook's usage)
+        self.watchers: list[Callable[[PodEntry], None]] = []
+
+    # ---- facts for planning pods ----------------------------------------------------------------
+    @property
+    def facts(self) -> ClusterFacts:
+        if self._facts is None:
+            models: set[str] = set()
+            profiles: set[str] = set()
+            units = 0
+            for view in self.nodes.values():
+                for gpu in view.spec.gpus:
+                    models.add(gpu.model)
+                    profiles.update(s.profile for s in gpu.mig_slices)
+                    if view.memory_shares and not gpu.mig_enabled:
+                        units = max(units, gpu.memory_mib // self.memory_unit_mib)
+            self._facts = ClusterFacts(self.memory_unit_mib, frozenset(models), frozenset(profiles), units)
+        return self._facts
+
+    def plan(self, obj: Mapping[str, Any]) -> PodPlan:
+        """A pending pod of ours as placement sees it (raises InvalidPod with the user-facing reason)."""
+        return plan_pod(obj, self.facts, self.priority_classes)
+
+
+    def _tell(self, entry: PodEntry) -> None:
+        """`entry` joined or left `pods`, or what it holds changed: the watchers recount it."""
+        for watcher in self.watchers:
+            watcher(entry)
+
+    def running(self) -> Iterator[PodEntry]:
+        """Entries preemption may choose victims from: bound or confirmed, accounted, not being evicted."""
+        for entry in self.pods.values():
+            if entry.phase in (Phase.BOUND, Phase.CONFIRMED) and entry.applied and entry.evicting_for is None:
+                yield entry
+
+    def mark_bound(self, uid: str) -> None:
+        entry = self.pods.get(uid)
+        if entry is not None and entry.phase is Phase.ASSUMED:
+            entry.phase = Phase.BOUND
+            entry.since = self.clock()
+
+    def expire(self) -> list[PodEntry]:
+        """BOUND entries the watch has not confirmed within `confirm_ttl_s`: marked `uncertain` and
+        returned for a read of the pod (kube-scheduler forgets them; a watch gap would then free GPUs
+        in use). Old tombstones go."""
+        now = self.clock()
+        stale = [e for e in self.pods.values()
+                 if e.phase is Phase.BOUND and not e.uncertain and now - e.since > self.confirm_ttl_s]
+        for entry in stale:
+            log.warning("pod %s: bound %.0fs ago but never seen bound; reading it", entry.key, now - entry.since)
+            entry.uncertain = True
+        cutoff = now - 600.0
+        for uid in [u for u, t in self._tombstones.items() if t.at < cutoff]:
+            del self._tombstones[uid]
+        return stale
+
+    def mark_uncertain(self, uid: str) -> PodEntry | None:
+        """The Binding of `uid` may or may not have landed: keep what it holds until a read says."""
+        entry = self.pods.get(uid)
+        if entry is not None and entry.phase is not Phase.CONFIRMED:
+            entry.uncertain = True
+        return entry
+
+    # ---- accounting ------------------------------------------------------------------------------
+    def _apply(self, entry: PodEntry) -> None:
+        if entry.applied or entry.node not in self.nodes:
+            return
+        spec = self.nodes[entry.node].spec
+        if not fits_layout(entry.placement, spec):
+            log.warning("pod %s holds devices node %s no longer has; accounting it without GPUs", entry.key, spec.name)
+            entry.request, entry.placement = without_gpus(entry.request), Placement(node=entry.node)
+            self._tell(entry)
+        self.snapshot.assume(entry.request, entry.placement)
+        entry.applied = True
+        self._applied_priorities[entry.request.priority] += 1
+
+    def has_lower_priority(self, priority: int) -> bool:
+        """Whether any accounted pod has a priority below `priority` (cheap: no victim search without)."""
+        return any(p < priority and n > 0 for p, n in self._applied_priorities.items())
+
+    def _unapply(self, entry: PodEntry) -> None:
+        if entry.applied:
+            self._applied_priorities[entry.request.priority] -= 1
+            if entry.node in self.nodes:
+                self.snapshot.release(entry.request, entry.placement)
+        entry.applied = False
+
+    # ---- views -----------------------------------------------------------------------------------
+    def entries(self, node: str | None = None) -> Iterator[PodEntry]:
+        if node is None:
+            yield from self.pods.values()
+        else:
+            for uid in self.by_node.get(node, ()):
+                yield self.pods[uid]
+
+    def node_spec(self, name: str) -> NodeSpec | None:
+        view = self.nodes.get(name)
+        return view.spec if view else None
+
+    def is_gone(self, uid: str) -> bool:
+        return uid in self._tombstones
