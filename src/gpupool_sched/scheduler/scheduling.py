@@ -141,7 +141,9 @@ class Scheduling:
                 f"{job.group.min_member} (minMember) that must start together"))
             return
         preempts = all(may_preempt(self.pending[p.uid], self.state.non_preempting_classes) for p in job.plans)
-        nominated = {p.uid: n for p in job.plans if (n := self.state.nominations.get(p.uid)) is not None}
+        # a lone pod placed away from its holds wakes the queue (they went back to the pool); a gang's
+        # members do not, as before the redesign (tests/data/decisions records it)
+        nominated = {} if job.gang else {p.uid: n for p in job.plans if (n := self.state.nominations.get(p.uid))}
         floor = job.priority
         victims = (lambda: running_pods(self.state, self.budgets, floor)) if preempts else None
         reclaim = ((lambda: self.quotas.reclaim_gang(job.plans, running_pods(self.state, self.budgets)))
@@ -151,8 +153,8 @@ class Scheduling:
         self.metrics.algorithm_latency.observe(result.seconds)
         if result.statement is None or result.preemption is not None:
             message = self._failure(job, result, verdict)
-            if result.preemption is None and result.blocked_by_budget is None and preempts and not any(
-                    self.state.nomination_live(p.uid) for p in job.plans):
+            if (not job.gang and result.preemption is None and result.blocked_by_budget is None and preempts
+                    and not self.state.nomination_live(job.plans[0].uid)):
                 self.metrics.preemption_attempts.labels(result="no_plan").inc()
             self._unschedulable(job, message)
             return

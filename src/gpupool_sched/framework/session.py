@@ -1,0 +1,97 @@
+"""One decision for one job: what its actions read (the cache, the policy resolved once, the random
+stream, the node sampler, the job's eviction candidates) and what they leave for the next action.
+
+Long planning (preemption, reclaim) is a `Planning`: prepared on the scheduler's loop, computed by a pure
+function that may run on a worker thread against its own copy of the snapshot (`offload`), and applied
+on the loop after checking that what it relied on still holds. An action that needs one yields it; the
+driver (`drive` inline, `drive_offloaded` on a thread) sends its answer back. The watch keeps being
+served while a plan is computed off the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.model.decision import Unschedulable
+from gpupool_sched.placement.framework import Policy
+from gpupool_sched.placement.gang import GangUnschedulable
+from gpupool_sched.placement.gang_preemption import GangPreemption
+from gpupool_sched.placement.preemption import Preemption, RunningPod
+from gpupool_sched.placement.sampling import NodeSampler
+from gpupool_sched.scheduler.podspec import PodPlan
+
+T = TypeVar("T")
+Candidates = Callable[[], list[RunningPod]]
+
+
+@dataclass
+class Planning(Generic[T]):
+    """A pure computation an action waits for: `compute()` may run on another thread."""
+
+    compute: Callable[[], T]
+    what: str = ""
+
+
+Steps = Generator[Planning[Any], Any, T]
+
+
+def drive(steps: Steps[T]) -> T:
+    """Run `steps` to the end, computing each planning inline."""
+    try:
+        planning = next(steps)
+        while True:
+            planning = steps.send(planning.compute())
+    except StopIteration as done:
+        return done.value
+
+
+async def drive_offloaded(steps: Steps[T]) -> T:
+    """Run `steps` to the end, computing each planning on a worker thread (the loop serves the watch)."""
+    try:
+        planning = next(steps)
+        while True:
+            answer = await asyncio.to_thread(planning.compute)
+            planning = steps.send(answer)
+    except StopIteration as done:
+        return done.value
+
+
+@dataclass
+class Outcome:
+    """What the job's actions decided. `statement` committed: placements (allocate) or evictions with
+    nominations (preempt, reclaim); None: nothing changed."""
+
+    statement: Any = None  # framework.statement.Statement (committed)
+    preemption: Preemption | GangPreemption | None = None  # what the evictions are
+    blocked_by_budget: Preemption | GangPreemption | None = None  # the plan needs PDB-protected victims: waits
+    reclaim: bool = False  # the evictions take back borrowed quota (victims of any priority)
+    stale: bool = False  # an off-loop plan no longer held when it came back: nothing done, try again
+
+
+@dataclass
+class Session:
+    state: ClusterState
+    plans: list[PodPlan]  # the members to decide for (one for a lone pod)
+    need: int  # how many must be placed together
+    gang: bool  # a PodGroup (place_gang, plan_gang_preemption) or a lone pod (decide, plan_preemption)
+    policy: Policy
+    rng: np.random.Generator
+    sampler: NodeSampler | None
+    running: Candidates | None  # eviction candidates by priority; None: the job may not preempt
+    reclaim: Candidates | None  # borrowed pods its team may take back; None: no reclaim
+    hold_s: Callable[[Iterable[str]], float]  # how long a nomination holds for its victims
+    max_preemptions: int
+    offload: bool = False  # plannings run on another thread: they get their own snapshot copy
+    seconds: float = 0.0  # time in the placement core
+    unschedulable: Unschedulable | GangUnschedulable | None = None  # why allocate found no room
+    done: list[str] = field(default_factory=list)  # the actions that ran, in order
+
+    @property
+    def priority(self) -> int:
+        return min(p.priority for p in self.plans)
