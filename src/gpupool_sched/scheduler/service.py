@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpupool_sched.model.request import PodRequest
-from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragmentation_milli
-from gpupool_sched.placement.framework import Policy
+from gpupool_sched.cache.nodes import apply_node_event
+from gpupool_sched.cache.policy import PolicyCache
+from gpupool_sched.cache.sync import caches_ready, initial_sync, stop_syncing
+from gpupool_sched.placement.fragmentation import cluster_fragmentation_milli
 from gpupool_sched.placement.gang import GangUnschedulable
-from gpupool_sched.placement.registry import POLICIES, build_policy
-from gpupool_sched.placement.workload import RollingProfile, forget_profile
 from gpupool_sched.scheduler import gcpolicy
 from gpupool_sched.scheduler.binder import Binder, BindOutcome
 from gpupool_sched.scheduler.cycle import Cycle
@@ -72,7 +71,6 @@ class SchedulerConfig:
     percentage_of_nodes_to_score: int = 0  # 0: adaptive, as kube-scheduler
     gate_timeout_s: float = 30.0
     confirm_ttl_s: float = 60.0
-    bind_workers: int = 64
     event_workers: int = 16  # API threads of their own that post Events and PodScheduled=False
     leader_elect: bool = False
     lease_namespace: str = "kube-system"
@@ -102,8 +100,6 @@ def _created(obj: dict[str, Any]) -> float:
 
 class SchedulerService:
     def __init__(self, config: SchedulerConfig, api: KubeApi, metrics: SchedulerMetrics | None = None) -> None:
-        if config.policy not in POLICIES:
-            raise ValueError(f"unknown policy {config.policy!r}; choose one of: {', '.join(POLICIES)}")
         self.config = config
         self.api = api
         api.component = config.scheduler_name
@@ -114,11 +110,9 @@ class SchedulerService:
             gate_timeout_s=config.gate_timeout_s, confirm_ttl_s=config.confirm_ttl_s,
         )
         self.queue = SchedulingQueue()
-        self.profile = RollingProfile(window=config.profile_window)
-        self._policy: Policy | None = None
-        self._policy_version = -1
-        self._profile_in_use: WorkloadProfile | None = None
-        self.cycle = Cycle(self.state, self.current_policy,
+        self.policies = PolicyCache(config.policy, self.state, window=config.profile_window,
+                                    on_rebuilt=self.metrics.profile_version.set)
+        self.cycle = Cycle(self.state, self.policies.current,
                            percentage_of_nodes_to_score=config.percentage_of_nodes_to_score,
                            nomination_slack_s=config.nomination_slack_s,
                            max_checkpoint_grace_s=config.max_checkpoint_grace_s)
@@ -153,47 +147,15 @@ class SchedulerService:
         self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
         self._ended: dict[str, str] = {}  # UID -> Succeeded/Failed, for gang members (PodGroup status)
         self._node_gauges: dict[str, tuple[Any, Any]] = {}  # node -> its gpus_bound, memory_units_bound children
-        self._observed: set[str] = set()  # UIDs whose request entered the workload profile
         self.decisions = 0
         self._gc_pauses = gcpolicy.GcPauses(
             lambda generation, seconds: self.metrics.gc_seconds.labels(generation=str(generation)).inc(seconds))
-
-    # ---- policy / profile ----------------------------------------------------------------------
-    def current_policy(self) -> Policy:
-        profile = self.profile.profile()
-        if self._policy is None or self.profile.version != self._policy_version:
-            if self._profile_in_use is not None and self._profile_in_use is not profile:
-                forget_profile(self.state.snapshot, self._profile_in_use)  # its FGD caches
-            self._profile_in_use = profile
-            info = POLICIES[self.config.policy]
-            self._policy = build_policy(self.config.policy, profile if info.needs_profile else None)
-            self._policy_version = self.profile.version
-            self.metrics.profile_version.set(self.profile.version)
-        return self._policy
-
-    def _observe(self, uid: str, request: PodRequest) -> None:
-        if uid in self._observed:
-            return
-        self._observed.add(uid)
-        if len(self._observed) > 4 * self.config.profile_window:
-            self._observed.clear()
-        self.profile.observe(request)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     async def start(self, attempts: int = 5) -> None:
         """Rebuild the state from a LIST of everything, then start leading / standing by and cycling."""
         began = time.monotonic()
-        for attempt in range(attempts):
-            try:
-                await self.resync()
-                break
-            except ApiError as exc:
-                if attempt == attempts - 1:
-                    raise
-                log.warning("listing the cluster failed (%s); retrying", exc)
-                await asyncio.sleep(2**attempt)
-        if self.config.freeze_gc:
-            gcpolicy.freeze_startup()  # the first LIST and start-up's objects: out of every later GC pass
+        await initial_sync(self.informers, attempts=attempts, freeze_gc=self.config.freeze_gc)
         self._gc_pauses.install()
         self.synced.set()
         self.recorder.start()
@@ -211,7 +173,7 @@ class SchedulerService:
     async def resync(self) -> None:
         """LIST every watched kind into the state, in dependency order (classes, budgets, groups and
         quotas before the pods that name them; nodes before their pods)."""
-        await self.informers.list_all(initial=True)
+        await initial_sync(self.informers)
 
     def _watched_kinds(self) -> list[WatchedKind]:
         def pdb_list_failed(exc: ApiError) -> bool:  # preemption then ranks victims without them
@@ -243,10 +205,7 @@ class SchedulerService:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.informers.stop()
+        await stop_syncing(self.informers, self._tasks)
         await self.binder.drain()
         await self.preemptor.drain()
         await self.leader.release()
@@ -273,19 +232,12 @@ class SchedulerService:
             self.queue.retry(uid)
 
     def on_node(self, kind: str | None, obj: dict[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name")
-        if not name:
+        change = apply_node_event(self.state, self.policies.profile, kind, obj)
+        if change is None:
             return
-        if kind == "DELETED":
-            self.state.delete_node(name)
-            self.metrics.nodes.set(len(self.state.nodes))
-            self.profile.node_changed(name, None)
-            return
-        event = self.state.apply_node(obj)
-        if event is not None:
-            self.metrics.nodes.set(len(self.state.nodes))
-            self.queue.on_event(event)
-            self.profile.node_changed(name, self.state.node_spec(name))
+        self.metrics.nodes.set(len(self.state.nodes))
+        if change.event is not None:
+            self.queue.on_event(change.event)
 
     def on_pod(self, kind: str | None, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -297,7 +249,7 @@ class SchedulerService:
             self.queue.delete(uid)
             entry = self.state.pods.get(uid)
             if entry is not None and not entry.ours:
-                self._observe(uid, entry.request)
+                self.policies.observe(uid, entry.request)
         if update.freed:
             self.queue.on_event(ClusterEvent.GPU_FREED)
         if update.gate_released:
@@ -389,7 +341,7 @@ class SchedulerService:
             return
         if group is not None and self._schedule_gang(item, plan, group, popped):
             return
-        self._observe(plan.uid, plan.request)
+        self.policies.observe(plan.uid, plan.request)
         verdict = self.quotas.check(plan)
         if not verdict.ok:
             self.metrics.attempts.labels(result="unschedulable").inc()
@@ -458,7 +410,7 @@ class SchedulerService:
             if taken is not None:
                 plans.append(other)
                 items.append(taken)
-        self._observe(plan.uid, plan.request)
+        self.policies.observe(plan.uid, plan.request)
         # every member bound passes admission: the quota's refusal keeps all of them (minimum over) or those
         # beyond what it admits waiting
         admitted, verdict = self.quotas.admit_gang(plans, need) if len(plans) >= need else (len(plans), None)
@@ -719,13 +671,11 @@ class SchedulerService:
         total = snap.total_gpu_milli
         if total:
             m.gpu_allocated.set(100.0 * snap.used_gpu_milli() / total)
-            frag = cluster_fragmentation_milli(snap, self.profile.profile())
+            frag = cluster_fragmentation_milli(snap, self.policies.profile.profile())
             m.fragmentation.set(100.0 * frag / total)
 
     # ---- health ----------------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
-        if not self.synced.is_set():
-            return False, "caches not synced"
         role = "leading" if self.leader.is_leader else "standing by"
-        return True, f"synced, {role}"
+        return caches_ready(self.synced, f"synced, {role}")
 
