@@ -112,7 +112,8 @@ def test_entry_points_run_as_nonroot(bundle: Bundle) -> None:
 def test_server_dependencies_import(bundle: Bundle) -> None:
     code = ("import ssl, asyncio, sqlite3, ctypes, json, zoneinfo, lzma, bz2;"
             "import numpy, grpc, kopf, aiohttp, kubernetes.client, pydantic, yaml, pynvml, prometheus_client, watchdog;"
-            "import gpupool_sched.scheduler.watch, gpupool_sched.extender.watch, gpupool_deviceplugin.daemon;"
+            "import gpupool_sched.kube.watch, gpupool_sched.scheduler.service, gpupool_sched.extender.core;"
+            "import gpupool_deviceplugin.daemon;"
             "import importlib.util as u; print(ssl.OPENSSL_VERSION, numpy.__version__,"
             " u.find_spec('matplotlib'), u.find_spec('pip'), u.find_spec('setuptools'))")
     done = bundle.run("python", "-c", code)

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, start_wsgi_server
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import eventually
 
+from gpupool_sched.kube.watch import build_registry
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.preemption import RunningPod
@@ -35,7 +36,6 @@ from gpupool_sched.scheduler.quotas import (
 )
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
 from gpupool_sched.scheduler.state import ClusterState
-from gpupool_sched.scheduler.watch import build_registry
 
 if TYPE_CHECKING:
     from gpupool_devcluster.client import ClusterClient

@@ -9,10 +9,10 @@ import kopf
 import pytest
 from kubernetes import client
 
+from gpupool_sched.kube.watch import NoDiffBase, build_registry
 from gpupool_sched.scheduler.kubeapi import KubeApi
 from gpupool_sched.scheduler.recorder import EventRecorder
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
-from gpupool_sched.scheduler.watch import NoDiffBase, build_registry
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_kopf_retries_the_api_for_ever_and_at_most_2s_apart() -> None:
 
     settings = kopf.OperatorSettings()
     assert isinstance(settings.networking.error_backoffs, collections.abc.Sized)  # kopf's: a limit
-    from gpupool_sched.scheduler.watch import configure
+    from gpupool_sched.kube.watch import configure
 
     configure(settings)
     backoffs = settings.networking.error_backoffs

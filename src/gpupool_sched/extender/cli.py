@@ -7,70 +7,42 @@ import asyncio
 import logging
 import signal
 
-from gpupool_common.clihelp import LOG_LEVELS, log_level
 from gpupool_sched.errors import UserError
-from gpupool_sched.scheduler import gcpolicy
-from gpupool_sched.scheduler.cli import (
-    LISTEN_ADDRESS,
-    _kube_client,
-    _non_negative,
-    _port,
-    _positive,
-    _root_cause,
-)
+from gpupool_sched.kube import cli_args
+
+SUMMARY = "serve kube-scheduler's extender verbs (filter, prioritize, bind, preempt) with gpupool's core"
+DESCRIPTION = ("An HTTP kube-scheduler extender: kube-scheduler keeps its queue and plugins, gpupool filters and "
+               "scores nodes for GPU pods, and binds them with the GPU assignment the device plugin hands out "
+               "(docs/extender.md).")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from gpupool_sched.placement.registry import POLICIES
-
-    p = sub.add_parser(
-        "extender",
-        help="serve kube-scheduler's extender verbs (filter, prioritize, bind, preempt) with gpupool's core",
-        description="An HTTP kube-scheduler extender: kube-scheduler keeps its queue and plugins, gpupool "
-        "filters and scores nodes for GPU pods, and binds them with the GPU assignment the device plugin "
-        "hands out (docs/extender.md).",
-    )
-    p.add_argument("--port", type=_port, required=True, help="port of the extender verbs (and /metrics, /healthz)")
-    p.add_argument("--address", default=LISTEN_ADDRESS,
+    p = sub.add_parser("extender", help=SUMMARY, description=DESCRIPTION)
+    p.add_argument("--port", type=cli_args.port_number, required=True,
+                   help="port of the extender verbs (and /metrics, /healthz)")
+    p.add_argument("--address", default=cli_args.LISTEN_ADDRESS,
                    help="address --port and --metrics-port listen on (0.0.0.0 in a pod, as the Helm chart sets)")
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account)")
+    cli_args.add_kubeconfig(p)
     p.add_argument("--scheduler-name", default="default-scheduler",
                    help="kube-scheduler's profile whose pods come to the extender (their pending pods are cached)")
-    p.add_argument("--policy", default="gpupool", choices=sorted(POLICIES), help="placement policy")
-    p.add_argument("--metrics-port", type=_port, default=0,
+    cli_args.add_policy(p)
+    p.add_argument("--metrics-port", type=cli_args.port_number, default=0,
                    help="a port of its own for /metrics, /healthz and /readyz; 0: off (--port serves them anyway)")
-    p.add_argument("--memory-unit-mib", type=_positive(int), default=1024,
-                   help="MiB per nvidia.com/gpu-memory unit; must match the device plugin's")
-    p.add_argument("--gate-timeout", type=_positive(float), default=30.0, metavar="SECONDS",
-                   help="how long a bind waits for the device plugin's ack of a same-shape pod on its node")
-    p.add_argument("--bind-timeout", type=_positive(float), default=25.0, metavar="SECONDS",
+    cli_args.add_memory_unit(p)
+    cli_args.add_gate_timeout(p)
+    p.add_argument("--bind-timeout", type=cli_args.positive(float), default=25.0, metavar="SECONDS",
                    help="answer bind with an error after this long (keep it under the extender's httpTimeout)")
-    p.add_argument("--consistency-check-interval", type=_non_negative(float), default=300.0, metavar="SECONDS",
-                   help="re-list every watched kind this often and repair what the watch missed (0: only after "
-                        "a watch gap)")
-    p.add_argument("--log-level", default="info", type=log_level, choices=LOG_LEVELS, help="any case")
+    cli_args.add_consistency_check(p)
+    cli_args.add_log_level(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from gpupool_sched.extender.core import ExtenderConfig
-    from gpupool_sched.scheduler.apiwriter import tune_switch_interval
-    from gpupool_sched.scheduler.kubeapi import KubeApi
+    from gpupool_sched.kube.connection import connect
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    gcpolicy.tune()
-    tune_switch_interval()
-    api_client, host = _kube_client(args.kubeconfig)
-    api = KubeApi(api_client, component="gpupool-extender")
-    urllib3_log = logging.getLogger("urllib3")
-    level = urllib3_log.level
-    urllib3_log.setLevel(logging.ERROR)  # its retry warnings would bury the one line below
-    try:
-        api.server_version_sync(timeout_s=5.0)
-    except Exception as exc:
-        raise UserError(f"cannot reach the API server at {host}: {_root_cause(exc)}") from None
-    finally:
-        urllib3_log.setLevel(level)
+    cli_args.start_server_process(args.log_level)
+    api, _, _ = connect(args.kubeconfig, component="gpupool-extender")
     config = ExtenderConfig(scheduler_name=args.scheduler_name, policy=args.policy,
                             memory_unit_mib=args.memory_unit_mib, gate_timeout_s=args.gate_timeout,
                             bind_timeout_s=args.bind_timeout, consistency_check_s=args.consistency_check_interval,
@@ -85,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(config: object, api: object, address: str, port: int, metrics_port: int) -> None:
     from gpupool_sched.extender.core import Extender
     from gpupool_sched.extender.server import build_app, observability_app, serve
-    from gpupool_sched.extender.watch import run_operator
+    from gpupool_sched.kube.watch import run_operator
 
     extender = Extender(config, api)  # type: ignore[arg-type]
     stop = asyncio.Event()

@@ -20,18 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from gpupool_sched.cache.nodes import apply_node_event
+from gpupool_sched.cache.policy import PolicyCache
+from gpupool_sched.cache.sync import caches_ready, initial_sync, stop_syncing
 from gpupool_sched.model.decision import Unschedulable
 from gpupool_sched.placement.decide import decide
-from gpupool_sched.placement.fragmentation import WorkloadProfile
-from gpupool_sched.placement.framework import Policy
-from gpupool_sched.placement.registry import POLICIES, build_policy
-from gpupool_sched.placement.workload import RollingProfile, forget_profile
-from gpupool_sched.scheduler import gcpolicy
 from gpupool_sched.scheduler.binder import Binder, BindOutcome
 from gpupool_sched.scheduler.informer import Informers, WatchedKind
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.podspec import InvalidPod
-from gpupool_sched.scheduler.queue import QueuedPod, SchedulingQueue
+from gpupool_sched.scheduler.queue import QueuedPod
 from gpupool_sched.scheduler.quotas import QuotaBook, quota_kinds
 from gpupool_sched.scheduler.state import ClusterState
 
@@ -71,25 +69,19 @@ class ExtenderConfig:
 
 class Extender:
     def __init__(self, config: ExtenderConfig, api: KubeApi, metrics: ExtenderMetrics | None = None) -> None:
-        if config.policy not in POLICIES:
-            raise ValueError(f"unknown policy {config.policy!r}; choose one of: {', '.join(POLICIES)}")
         self.config = config
         self.api = api
         self.metrics = metrics or ExtenderMetrics()
         self.state = ClusterState(config.scheduler_name, memory_unit_mib=config.memory_unit_mib,
                                   gate_timeout_s=config.gate_timeout_s, confirm_ttl_s=config.confirm_ttl_s)
-        self.profile = RollingProfile(window=config.profile_window)
+        self.policies = PolicyCache(config.policy, self.state, window=config.profile_window)
         # GpuQuota admission as the scheduler does it; the scheduler alone writes the quotas' status
         self.quotas = QuotaBook(self.state)
-        self._policy: Policy | None = None
-        self._policy_version = -1
-        self._profile_in_use: WorkloadProfile | None = None
-        self._observed: set[str] = set()
         self._pods: dict[str, dict[str, Any]] = {}  # UID -> latest pending pod object (watch, filter args)
         self._outcomes: dict[str, BindOutcome] = {}
         self.rng = np.random.default_rng(0)
-        # the Binder retries nothing here: kube-scheduler owns the retry, so its queue stays unused
-        self.binder = Binder(self.state, api, SchedulingQueue(), self.metrics.binder,
+        # no queue: the Binder retries nothing here, kube-scheduler owns the retry
+        self.binder = Binder(self.state, api, queue=None, metrics=self.metrics.binder,
                              is_leader=lambda: True, on_bound=self._bound)
         self.informers = Informers(api, [
             WatchedKind("priorityclasses", PRIORITY_CLASSES, self.on_priority_class),
@@ -101,20 +93,9 @@ class Extender:
         self.synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
-    # ---- policy / profile (as the scheduler service keeps them) --------------------------------
-    def current_policy(self) -> Policy:
-        profile = self.profile.profile()
-        if self._policy is None or self.profile.version != self._policy_version:
-            if self._profile_in_use is not None and self._profile_in_use is not profile:
-                forget_profile(self.state.snapshot, self._profile_in_use)
-            self._profile_in_use = profile
-            info = POLICIES[self.config.policy]
-            self._policy = build_policy(self.config.policy, profile if info.needs_profile else None)
-            self._policy_version = self.profile.version
-        return self._policy
-
+    # ---- workload profile ----------------------------------------------------------------------
     def _observe(self, uid: str, obj: dict[str, Any] | None = None) -> None:
-        if uid in self._observed:
+        if self.policies.observed(uid):
             return
         entry = self.state.pods.get(uid)
         if entry is not None:
@@ -126,16 +107,11 @@ class Extender:
                 return
         else:
             return
-        self._observed.add(uid)
-        if len(self._observed) > 4 * self.config.profile_window:
-            self._observed.clear()
-        self.profile.observe(request)
+        self.policies.observe(uid, request)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
-        await self.resync()
-        if self.config.freeze_gc:
-            gcpolicy.freeze_startup()
+        await initial_sync(self.informers, freeze_gc=self.config.freeze_gc)
         self.synced.set()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._housekeeping(), name="housekeeping"),
@@ -143,14 +119,8 @@ class Extender:
         log.info("extender for %s started: %d nodes, %d pods in the ledger", self.config.scheduler_name,
                  len(self.state.nodes), len(self.state.pods))
 
-    async def resync(self) -> None:
-        await self.informers.list_all(initial=True)
-
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.informers.stop()
+        await stop_syncing(self.informers, self._tasks)
         await self.binder.drain()
 
     async def _housekeeping(self) -> None:
@@ -164,23 +134,15 @@ class Extender:
                 log.exception("housekeeping failed")
 
     def readiness(self) -> tuple[bool, str]:
-        if not self.synced.is_set():
-            return False, "caches not synced"
-        return True, f"synced: {len(self.state.nodes)} nodes, {len(self.state.pods)} pods in the ledger"
+        ledger = f"{len(self.state.nodes)} nodes, {len(self.state.pods)} pods in the ledger"
+        return caches_ready(self.synced, f"synced: {ledger}")
 
     # ---- watch events ------------------------------------------------------------------------------
     def on_priority_class(self, kind: str | None, obj: dict[str, Any]) -> None:
         self.state.apply_priority_class(kind, obj)
 
     def on_node(self, kind: str | None, obj: dict[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name")
-        if not name:
-            return
-        if kind == "DELETED":
-            self.state.delete_node(name)
-            self.profile.node_changed(name, None)
-        elif self.state.apply_node(obj) is not None:
-            self.profile.node_changed(name, self.state.node_spec(name))
+        apply_node_event(self.state, self.policies.profile, kind, obj)
 
     def on_pod(self, kind: str | None, obj: dict[str, Any]) -> None:
         uid = str((obj.get("metadata") or {}).get("uid") or "")
@@ -221,7 +183,7 @@ class Extender:
             bucket = {n: verdict.message for n in args.node_names}
             self.metrics.filtered.labels(result="failed").inc(len(bucket))
             return filter_result(args, [], bucket, {})
-        v = verdicts(self.state.snapshot, plan.request, self.current_policy(), self.rng)
+        v = verdicts(self.state.snapshot, plan.request, self.policies.current(), self.rng)
         feasible = set(v.feasible.tolist())
         index = self.state.snapshot.index
         passed: list[str] = []
@@ -245,7 +207,7 @@ class Extender:
             plan = self.state.plan(args.pod)
         except InvalidPod:
             return [{"Host": n, "Score": 0} for n in args.node_names]
-        policy = self.current_policy()
+        policy = self.policies.current()
         v = verdicts(self.state.snapshot, plan.request, policy, self.rng)
         index = self.state.snapshot.index
         wanted = {r for n in args.node_names if (r := index.get(n)) is not None}
@@ -278,7 +240,7 @@ class Extender:
         row = self.state.snapshot.index.get(args.node)
         if row is None:
             return {"Error": f"node {args.node} is unknown to the gpupool extender"}
-        policy = self.current_policy()
+        policy = self.policies.current()
         v = verdicts(self.state.snapshot, plan.request, policy, self.rng)
         if not (v.feasible == row).any():
             return {"Error": f"pod {key} does not fit on {args.node} any more: {v.reasons.get(row, 'does not fit')}"}

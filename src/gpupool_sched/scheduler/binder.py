@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpupool_common.handshake import assignment_annotations
 from gpupool_sched.model.decision import Placement
@@ -27,7 +27,7 @@ from gpupool_sched.scheduler.assignment import build_assignment
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.metrics import SchedulerMetrics
 from gpupool_sched.scheduler.podspec import PodPlan
-from gpupool_sched.scheduler.queue import QueuedPod, SchedulingQueue
+from gpupool_sched.scheduler.queue import QueuedPod
 from gpupool_sched.scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -53,12 +53,36 @@ class BindOutcome:
     error: ApiError | None = None
 
 
+class PodQueue(Protocol):
+    """What the Binder tells the queue a pod was popped from (the scheduler's SchedulingQueue): bound
+    (`done`), gone (`delete`), or to be tried again after its backoff (`backoff`)."""
+
+    def done(self, uid: str) -> None: ...
+
+    def delete(self, uid: str) -> None: ...
+
+    def backoff(self, pod: QueuedPod) -> None: ...
+
+
+class NoQueue:
+    """No queue of ours (the extender): kube-scheduler keeps the pods and retries them itself."""
+
+    def done(self, uid: str) -> None:
+        return None
+
+    def delete(self, uid: str) -> None:
+        return None
+
+    def backoff(self, pod: QueuedPod) -> None:
+        return None
+
+
 class Binder:
     def __init__(
         self,
         state: ClusterState,
         api: KubeApi,
-        queue: SchedulingQueue,
+        queue: PodQueue | None,
         metrics: SchedulerMetrics,
         *,
         is_leader: Callable[[], bool],
@@ -68,7 +92,7 @@ class Binder:
     ) -> None:
         self.state = state
         self.api = api
-        self.queue = queue
+        self.queue: PodQueue = queue if queue is not None else NoQueue()
         self.metrics = metrics
         self.is_leader = is_leader
         self.on_bound = on_bound
@@ -79,10 +103,6 @@ class Binder:
         self._tasks: set[asyncio.Task[None]] = set()
         self._gates: dict[str, asyncio.Event] = {}
         state.on_gate_release = self.gate_released
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._tasks)
 
     def gate_released(self, node: str) -> None:
         event = self._gates.pop(node, None)
@@ -104,11 +124,6 @@ class Binder:
     async def drain(self) -> None:
         while self._tasks:
             await asyncio.wait(set(self._tasks))
-
-    async def cancel_all(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await self.drain()
 
     async def bind_one(self, plan: PodPlan, placement: Placement, item: QueuedPod, popped_at: float) -> None:
         """`submit`, in the caller's task: the extender's bind verb answers with its outcome (`on_bound`).

@@ -77,8 +77,12 @@ def now_rfc3339(micro: bool = False) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
 
 
+DEFAULT_WORKERS = 16  # writes on the wire at once, and threads for reads
+
+
 class KubeApi:
-    def __init__(self, api_client: client.ApiClient, *, workers: int = 16, component: str = "gpupool") -> None:
+    def __init__(self, api_client: client.ApiClient, *, workers: int = DEFAULT_WORKERS,
+                 component: str = "gpupool") -> None:
         """`workers`: writes on the wire at once (more wait their turn), and threads for reads."""
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)

@@ -24,11 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpupool_sched.model.request import PodRequest
-from gpupool_sched.placement.fragmentation import WorkloadProfile
-from gpupool_sched.placement.framework import Policy
-from gpupool_sched.placement.registry import POLICIES, build_policy
-from gpupool_sched.placement.workload import RollingProfile, forget_profile
+from gpupool_sched.cache.nodes import apply_node_event
+from gpupool_sched.cache.policy import PolicyCache
+from gpupool_sched.cache.sync import caches_ready, initial_sync, stop_syncing
 from gpupool_sched.scheduler import gcpolicy
 from gpupool_sched.scheduler.binder import Binder, BindOutcome
 from gpupool_sched.scheduler.cycle import Cycle
@@ -66,7 +64,6 @@ class SchedulerConfig:
     percentage_of_nodes_to_score: int = 0  # 0: adaptive, as kube-scheduler
     gate_timeout_s: float = 30.0
     confirm_ttl_s: float = 60.0
-    bind_workers: int = 64
     event_workers: int = 16  # API threads of their own that post Events and PodScheduled=False
     leader_elect: bool = False
     lease_namespace: str = "kube-system"
@@ -96,8 +93,6 @@ def _created(obj: dict[str, Any]) -> float:
 
 class SchedulerService:
     def __init__(self, config: SchedulerConfig, api: KubeApi, metrics: SchedulerMetrics | None = None) -> None:
-        if config.policy not in POLICIES:
-            raise ValueError(f"unknown policy {config.policy!r}; choose one of: {', '.join(POLICIES)}")
         self.config = config
         self.api = api
         api.component = config.scheduler_name
@@ -108,11 +103,9 @@ class SchedulerService:
             gate_timeout_s=config.gate_timeout_s, confirm_ttl_s=config.confirm_ttl_s,
         )
         self.queue = SchedulingQueue()
-        self.profile = RollingProfile(window=config.profile_window)
-        self._policy: Policy | None = None
-        self._policy_version = -1
-        self._profile_in_use: WorkloadProfile | None = None
-        self.cycle = Cycle(self.state, self.current_policy,
+        self.policies = PolicyCache(config.policy, self.state, window=config.profile_window,
+                                    on_rebuilt=self.metrics.profile_version.set)
+        self.cycle = Cycle(self.state, self.policies.current,
                            percentage_of_nodes_to_score=config.percentage_of_nodes_to_score,
                            nomination_slack_s=config.nomination_slack_s,
                            max_checkpoint_grace_s=config.max_checkpoint_grace_s)
@@ -145,55 +138,23 @@ class SchedulerService:
         self.informers = Informers(api, self._watched_kinds(), registry=self.metrics.registry,
                                    consistency_check_s=config.consistency_check_s)
         self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
-        self._observed: set[str] = set()  # UIDs whose request entered the workload profile
         self.decisions = 0
         self.scheduling = Scheduling(self.state, self.queue, self.cycle, self.quotas, self.gangs, self.budgets,
                                      self.binder, self.preemptor, self.recorder, self.metrics, self._pending,
-                                     self._observe)
+                                     self.policies.observe)
         self.gang_upkeep = GangUpkeep(self.state, self.gangs, api, self.recorder, self.metrics,
                                       lambda: self.leader.is_leader, self._spawn, self._wake_gang,
                                       repair_s=config.gang_repair_s)
         self.gauges = Gauges(self.metrics, self.state, self.queue, lambda: self.leader.is_leader,
-                             self.profile.profile, config.memory_unit_mib)
+                             self.policies.profile.profile, config.memory_unit_mib)
         self._gc_pauses = gcpolicy.GcPauses(
             lambda generation, seconds: self.metrics.gc_seconds.labels(generation=str(generation)).inc(seconds))
-
-    # ---- policy / profile ----------------------------------------------------------------------
-    def current_policy(self) -> Policy:
-        profile = self.profile.profile()
-        if self._policy is None or self.profile.version != self._policy_version:
-            if self._profile_in_use is not None and self._profile_in_use is not profile:
-                forget_profile(self.state.snapshot, self._profile_in_use)  # its FGD caches
-            self._profile_in_use = profile
-            info = POLICIES[self.config.policy]
-            self._policy = build_policy(self.config.policy, profile if info.needs_profile else None)
-            self._policy_version = self.profile.version
-            self.metrics.profile_version.set(self.profile.version)
-        return self._policy
-
-    def _observe(self, uid: str, request: PodRequest) -> None:
-        if uid in self._observed:
-            return
-        self._observed.add(uid)
-        if len(self._observed) > 4 * self.config.profile_window:
-            self._observed.clear()
-        self.profile.observe(request)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     async def start(self, attempts: int = 5) -> None:
         """Rebuild the state from a LIST of everything, then start leading / standing by and cycling."""
         began = time.monotonic()
-        for attempt in range(attempts):
-            try:
-                await self.resync()
-                break
-            except ApiError as exc:
-                if attempt == attempts - 1:
-                    raise
-                log.warning("listing the cluster failed (%s); retrying", exc)
-                await asyncio.sleep(2**attempt)
-        if self.config.freeze_gc:
-            gcpolicy.freeze_startup()  # the first LIST and start-up's objects: out of every later GC pass
+        await initial_sync(self.informers, attempts=attempts, freeze_gc=self.config.freeze_gc)
         self._gc_pauses.install()
         self.synced.set()
         self.recorder.start()
@@ -211,7 +172,7 @@ class SchedulerService:
     async def resync(self) -> None:
         """LIST every watched kind into the state, in dependency order (classes, budgets, groups and
         quotas before the pods that name them; nodes before their pods)."""
-        await self.informers.list_all(initial=True)
+        await initial_sync(self.informers)
 
     def _watched_kinds(self) -> list[WatchedKind]:
         def pdb_list_failed(exc: ApiError) -> bool:  # preemption then ranks victims without them
@@ -243,10 +204,7 @@ class SchedulerService:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.informers.stop()
+        await stop_syncing(self.informers, self._tasks)
         await self.binder.drain()
         await self.preemptor.drain()
         await self.leader.release()
@@ -273,19 +231,12 @@ class SchedulerService:
             self.queue.retry(uid)
 
     def on_node(self, kind: str | None, obj: dict[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name")
-        if not name:
+        change = apply_node_event(self.state, self.policies.profile, kind, obj)
+        if change is None:
             return
-        if kind == "DELETED":
-            self.state.delete_node(name)
-            self.metrics.nodes.set(len(self.state.nodes))
-            self.profile.node_changed(name, None)
-            return
-        event = self.state.apply_node(obj)
-        if event is not None:
-            self.metrics.nodes.set(len(self.state.nodes))
-            self.queue.on_event(event)
-            self.profile.node_changed(name, self.state.node_spec(name))
+        self.metrics.nodes.set(len(self.state.nodes))
+        if change.event is not None:
+            self.queue.on_event(change.event)
 
     def on_pod(self, kind: str | None, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -297,7 +248,7 @@ class SchedulerService:
             self.queue.delete(uid)
             entry = self.state.pods.get(uid)
             if entry is not None and not entry.ours:
-                self._observe(uid, entry.request)
+                self.policies.observe(uid, entry.request)
         if update.freed:
             self.queue.on_event(ClusterEvent.GPU_FREED)
         if update.gate_released:
@@ -415,8 +366,6 @@ class SchedulerService:
 
     # ---- health ----------------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
-        if not self.synced.is_set():
-            return False, "caches not synced"
         role = "leading" if self.leader.is_leader else "standing by"
-        return True, f"synced, {role}"
+        return caches_ready(self.synced, f"synced, {role}")
 

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from gpupool_sched.errors import OneLineParser, UserError
-from gpupool_sched.scheduler.cli import _positive
+from gpupool_sched.kube.cli_args import add_kubeconfig, add_memory_unit
 
 NEEDS = "get/list on nodes, pods and priorityclasses.scheduling.k8s.io"
 
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account)")
+    add_kubeconfig(p)
     p.add_argument("-o", "--output", choices=("table", "json"), default="table", help="table (80 columns) or json")
     p.add_argument("--node", metavar="NAME", help="also list this node's GPUs one per line (pods, units, MIG)")
     p.add_argument("--wide", action="store_true", help="list every node's GPUs; never shorten names")
@@ -35,8 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only nodes matching this label selector (e.g. pool=train); figures cover those nodes")
     p.add_argument("--scheduler-name", default="gpupool",
                    help="pending pods with this spec.schedulerName count (besides any asking for a GPU)")
-    p.add_argument("--memory-unit-mib", type=_positive(int), default=1024,
-                   help="MiB per nvidia.com/gpu-memory unit; the scheduler's --memory-unit-mib")
+    add_memory_unit(p, help_text="MiB per nvidia.com/gpu-memory unit; the scheduler's --memory-unit-mib")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,20 +59,17 @@ def read_cluster(kubeconfig: str | None, selector: str | None) -> tuple[Any, str
     """One LIST each of PriorityClasses, nodes and pods; any failure becomes one UserError line."""
     from kubernetes.client.exceptions import ApiException
 
-    from gpupool_sched.scheduler.cli import _kube_client, _root_cause
+    from gpupool_sched.kube.connection import kube_client, root_cause, server_version
     from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
     from gpupool_sched.status.collect import Listing
 
     logging.getLogger("gpupool_sched").setLevel(logging.ERROR)  # what the state would log is in the report
-    api_client, host = _kube_client(kubeconfig)
+    api_client, host = kube_client(kubeconfig)
     api = KubeApi(api_client, workers=1, component="gpupool-status")
     urllib3_log = logging.getLogger("urllib3")
     urllib3_log.setLevel(logging.ERROR)  # its retry warnings would bury the one line we print
     try:
-        try:
-            api.server_version_sync(timeout_s=5.0)
-        except Exception as exc:  # any failure to reach it is the user's to fix, in one line
-            raise UserError(f"cannot reach the API server at {host}: {_root_cause(exc)}") from None
+        server_version(api, host)
         objects: dict[str, list[dict[str, Any]]] = {}
         for what, path, params in (
             ("priorityclasses", "/apis/scheduling.k8s.io/v1/priorityclasses", ()),
@@ -87,7 +83,7 @@ def read_cluster(kubeconfig: str | None, selector: str | None) -> tuple[Any, str
                 hint = f"; gpupool status needs {NEEDS}" if error.status in (401, 403) else ""
                 raise UserError(f"listing {what} failed: {error}{hint}") from None
             except Exception as exc:
-                raise UserError(f"listing {what} from {host} failed: {_root_cause(exc)}") from None
+                raise UserError(f"listing {what} from {host} failed: {root_cause(exc)}") from None
     finally:
         api.close()
         api_client.close()

@@ -1,80 +1,83 @@
-"""kopf wiring: the watches that feed the scheduler, and nothing that writes to watched objects.
+"""kopf wiring: the watches that feed a component (the scheduler service or the extender), and
+nothing that writes to watched objects.
 
-Only `@kopf.on.event` handlers are used: they store nothing on the objects (no finalizers, no
-last-handled-configuration annotations, unlike on.create/update, daemons and timers). The handlers
-are coroutines: kopf runs plain functions on its thread pool, and the state, the queue and the
-binder's gates belong to the event loop's thread alone. kopf runs standalone (no peering objects),
-posts no Events of its own, and keeps no diff base (the handlers take the raw event). The service's
-own loops start from `on.startup`, after a full LIST has rebuilt the state. Every event goes through
-the service's informers (scheduler/informer.py), which drop stale versions and, when kopf lists again
-after a watch gap, re-list to find what was deleted meanwhile."""
+One handler per kind the component's informers follow (scheduler/informer.py), so the scheduler and
+the extender differ only by the kinds they list. Only `@kopf.on.event` handlers are used: they store
+nothing on the objects (no finalizers, no last-handled-configuration annotations, unlike
+on.create/update, daemons and timers). The handlers are coroutines: kopf runs plain functions on its
+thread pool, and the state, the queue and the binder's gates belong to the event loop's thread alone.
+kopf runs standalone (no peering objects), posts no Events of its own, and keeps no diff base (the
+handlers take the raw event). The component's own loops start from `on.startup`, after a full LIST has
+rebuilt its state. Every event goes through the component's informers, which drop stale versions and,
+when kopf lists again after a watch gap, re-list to find what was deleted meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol
 
 import kopf
 
-from gpupool_sched.scheduler.quotas import GROUP as QUOTA_GROUP
-from gpupool_sched.scheduler.quotas import PLURAL as QUOTA_PLURAL
-from gpupool_sched.scheduler.quotas import VERSION as QUOTA_VERSION
-from gpupool_sched.scheduler.service import SchedulerService
-
-log = logging.getLogger(__name__)
+from gpupool_sched.scheduler.informer import Informers
+from gpupool_sched.scheduler.kubeapi import KubeApi
 
 
-def build_registry(service: SchedulerService) -> kopf.OperatorRegistry:
+class Watching(Protocol):
+    """What the operator needs of a component: its API client, its informers (the kinds it watches)
+    and its start-up (after the first LIST) and shutdown."""
+
+    api: KubeApi
+    informers: Informers
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def api_resource(path: str) -> tuple[str, str, str]:
+    """(group, version, plural) of a list path: `/api/v1/nodes` or `/apis/<group>/<version>/<plural>`."""
+    parts = path.strip("/").split("/")
+    if len(parts) == 3 and parts[0] == "api":
+        return "", parts[1], parts[2]
+    if len(parts) == 4 and parts[0] == "apis":
+        return parts[1], parts[2], parts[3]
+    raise ValueError(f"not a cluster-wide list path: {path!r}")
+
+
+def build_registry(component: Watching) -> kopf.OperatorRegistry:
+    """kopf's handlers for `component`: start-up, cleanup, login, and one watch per informer kind."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
         try:
-            await service.start()
-        except Exception as exc:  # kopf would retry the activity forever; a scheduler that cannot start exits
+            await component.start()
+        except Exception as exc:  # kopf would retry the activity forever; a component that cannot start exits
             raise kopf.PermanentError(f"cannot start: {exc}") from exc
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        await service.stop()
+        await component.stop()
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return connection_info(service.api.api_client.configuration)
+        return connection_info(component.api.api_client.configuration)
 
-    @kopf.on.event("", "v1", "pods", registry=registry)
-    async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.informers.watch("pods", event.get("type"), event["object"])  # type: ignore[arg-type]
-
-    @kopf.on.event("", "v1", "nodes", registry=registry)
-    async def node_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.informers.watch("nodes", event.get("type"), event["object"])  # type: ignore[arg-type]
-
-    @kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses", registry=registry)
-    async def priority_class_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.informers.watch("priorityclasses", event.get("type"), event["object"])  # type: ignore[arg-type]
-
-    @kopf.on.event("policy", "v1", "poddisruptionbudgets", registry=registry)
-    async def pdb_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.informers.watch("poddisruptionbudgets", event.get("type"), event["object"])  # type: ignore[arg-type]
-
-    @kopf.on.event("scheduling.x-k8s.io", "v1alpha1", "podgroups", registry=registry)
-    async def pod_group_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.informers.watch("podgroups", event.get("type"), event["object"])  # type: ignore[arg-type]
-
-    @kopf.on.event(QUOTA_GROUP, QUOTA_VERSION, QUOTA_PLURAL, registry=registry)
-    async def quota_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.informers.watch(QUOTA_PLURAL, event.get("type"), event["object"])  # type: ignore[arg-type]
-
-    @kopf.on.event("", "v1", "namespaces", registry=registry)
-    async def namespace_event(event: kopf.RawEvent, **_: Any) -> None:
-        service.informers.watch("namespaces", event.get("type"), event["object"])  # type: ignore[arg-type]
-
+    for name, kind in component.informers.kinds.items():
+        group, version, plural = api_resource(kind.path)
+        kopf.on.event(group, version, plural, id=f"{name}_event", registry=registry)(_forward(component, name))
     return registry
+
+
+def _forward(component: Watching, name: str) -> Callable[..., Awaitable[None]]:
+    async def event_handler(event: kopf.RawEvent, **_: Any) -> None:
+        component.informers.watch(name, event.get("type"), event["object"])  # type: ignore[arg-type]
+
+    return event_handler
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -141,11 +144,11 @@ def connection_info(cfg: Any) -> kopf.ConnectionInfo:
     )
 
 
-async def run_operator(service: SchedulerService, stop: asyncio.Event) -> None:
+async def run_operator(component: Watching, stop: asyncio.Event) -> None:
     """kopf's operator, cluster-wide, until `stop` is set."""
     quiet_kopf_logs()
     await kopf.operator(
-        registry=build_registry(service),
+        registry=build_registry(component),
         standalone=True,
         clusterwide=True,
         stop_flag=stop,
