@@ -4,124 +4,36 @@ Placement policies score every node for every pod, so the allocation state lives
 (one row per node, one column per GPU slot) rather than in per-node objects; ``assume``/``release``
 keep the arrays and a per-node version counter (for score caches) up to date, and
 ``upsert_node``/``remove_node`` let a long-running scheduler follow nodes as they come and go.
+
+The node specs are in model/node.py (imported from here too), the column storage under the snapshot
+in model/snapshot_rows.py.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpupool_sched.model.constraints import HARD_EFFECTS, Taint
+from gpupool_sched.model.node import GpuSpec as GpuSpec
+from gpupool_sched.model.node import MigSlice as MigSlice
+from gpupool_sched.model.node import NodeSignature
+from gpupool_sched.model.node import NodeSpec as NodeSpec
 from gpupool_sched.model.request import MILLI, PodRequest
+from gpupool_sched.model.snapshot_rows import _MIN_CAPACITY, ABSENT, SnapshotRows
 
 if TYPE_CHECKING:
-    from gpupool_common.topology import NodeTopology
     from gpupool_sched.model.decision import Placement
-
-ABSENT = -1  # free_milli of a GPU slot that does not exist or is split into MIG slices
-
-# Per-node columns: name -> (dtype, value of an empty row). Views of growable buffers (see _expose).
-_NODE_COLUMNS: dict[str, tuple[type, int]] = {
-    "cpu_total": (np.int64, 0),
-    "mem_total": (np.int64, 0),
-    "pods_total": (np.int64, 0),
-    "gpu_count": (np.int64, 0),
-    "cpu_free": (np.int64, 0),
-    "mem_free": (np.int64, 0),
-    "pods_free": (np.int64, 0),
-    "version": (np.int64, 0),
-    "tie_rank": (np.int64, 0),
-    "node_signature": (np.int64, 0),
-}
-# Per-GPU-slot columns, [nodes, slots].
-_GPU_COLUMNS: dict[str, tuple[type, int]] = {
-    "gpu_model": (np.int16, ABSENT),
-    "gpu_mem_total": (np.int64, 0),
-    "gpu_usable": (np.bool_, False),
-    "free_milli": (np.int64, ABSENT),
-    "gpu_mem_free": (np.int64, 0),
-}
-_MIN_CAPACITY = 16
 
 
 class UnknownNode(LookupError):
     """A node name the snapshot does not hold (never added, or removed)."""
 
 
-@dataclass(frozen=True, slots=True)
-class MigSlice:
-    """One MIG device of a MIG-enabled GPU."""
-
-    uuid: str
-    profile: str  # e.g. "1g.10gb"
-    gpu_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSpec:
-    """One physical GPU of a node. ``memory_mib == 0`` means unknown (trace replays): memory shares
-    cannot land there, compute shares and whole-GPU requests can. An unhealthy GPU (the device plugin
-    reports it failed) keeps its index but takes no new pods: neither whole, shared nor its MIG slices."""
-
-    index: int
-    model: str
-    memory_mib: int = 0
-    uuid: str = ""
-    numa_node: int | None = None
-    mig_enabled: bool = False
-    mig_slices: tuple[MigSlice, ...] = ()
-    healthy: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSpec:
-    """What a node offers; the allocation on it lives in :class:`ClusterSnapshot`.
-
-    ``taints`` and ``unschedulable`` (a cordon) are the node's, as Kubernetes has them."""
-
-    name: str
-    cpu_milli: int
-    memory_mib: int
-    gpus: tuple[GpuSpec, ...] = ()
-    max_pods: int = 110
-    labels: Mapping[str, str] = field(default_factory=dict)
-    topology: NodeTopology | None = None
-    taints: tuple[Taint, ...] = ()
-    unschedulable: bool = False
-
-    @property
-    def gpu_model(self) -> str:
-        """The node's GPU model ('' without GPUs; models joined by '+' on mixed nodes)."""
-        return "+".join(sorted({g.model for g in self.gpus}))
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSignature:
-    """What node constraints are evaluated against, minus the name. Many nodes share one, so filters
-    evaluate a pod's constraints once per signature instead of once per node."""
-
-    labels: tuple[tuple[str, str], ...]
-    taints: tuple[Taint, ...]
-    unschedulable: bool
-
-    @classmethod
-    def of(cls, spec: NodeSpec) -> NodeSignature:
-        return cls(tuple(sorted(spec.labels.items())), tuple(spec.taints), bool(spec.unschedulable))
-
-    @property
-    def hard_tainted(self) -> bool:
-        return any(t.effect in HARD_EFFECTS for t in self.taints)
-
-    def label_map(self) -> dict[str, str]:
-        return dict(self.labels)
-
-
-class ClusterSnapshot:
+class ClusterSnapshot(SnapshotRows):
     """Nodes and their allocation state. Pure data: no I/O, no clock, no Kubernetes client.
 
     **One writer.** ``assume``, ``release``, ``upsert_node``, ``remove_node`` and ``set_tie_order``
@@ -139,23 +51,6 @@ class ClusterSnapshot:
     ``caches`` (everything compiled against the node set) and bumps ``generation``.
     """
 
-    # The column arrays (_NODE_COLUMNS, _GPU_COLUMNS), pointed at the live rows by _expose.
-    cpu_total: np.ndarray
-    mem_total: np.ndarray
-    pods_total: np.ndarray
-    gpu_count: np.ndarray
-    cpu_free: np.ndarray
-    mem_free: np.ndarray
-    pods_free: np.ndarray
-    version: np.ndarray
-    tie_rank: np.ndarray
-    node_signature: np.ndarray
-    gpu_model: np.ndarray
-    gpu_mem_total: np.ndarray
-    gpu_usable: np.ndarray
-    free_milli: np.ndarray
-    gpu_mem_free: np.ndarray
-
     # ---- construction ------------------------------------------------------------------------
     def __init__(self, nodes: Sequence[NodeSpec], tie_order: Sequence[str] | None = None) -> None:
         nodes = tuple(nodes)
@@ -165,22 +60,7 @@ class ClusterSnapshot:
             raise ValueError(f"duplicate node names: {', '.join(dupes[:5])}")
         for node in nodes:
             self._check_spec(node)
-        self.gpu_slots = max(max((len(node.gpus) for node in nodes), default=0), 1)
-        self.models: list[str] = sorted({gpu.model for node in nodes for gpu in node.gpus})
-        self._model_id = {m: i for i, m in enumerate(self.models)}
-        self.mig_profiles: list[str] = sorted({s.profile for node in nodes for g in node.gpus for s in g.mig_slices})
-        self._mig_model_keys: list[tuple[str, str]] = sorted(
-            {(s.profile, g.model) for node in nodes for g in node.gpus for s in g.mig_slices}
-        )
-        self._rows = 0
-        self._capacity = max(len(nodes), _MIN_CAPACITY)
-        self._buf: dict[object, np.ndarray] = {}
-        for name, (dtype, fill) in _NODE_COLUMNS.items():
-            self._buf[name] = np.full(self._capacity, fill, dtype=dtype)
-        for name, (dtype, fill) in _GPU_COLUMNS.items():
-            self._buf[name] = np.full((self._capacity, self.gpu_slots), fill, dtype=dtype)
-        for key in self._mig_keys():
-            self._buf[key] = np.zeros(self._capacity, dtype=np.int64)
+        super().__init__(nodes)
         self._nodes: list[NodeSpec]
         self._names: list[str]
         self.index: dict[str, int]
@@ -211,23 +91,9 @@ class ClusterSnapshot:
             if gpu.index != j:
                 raise ValueError(f"node {node.name}: GPU indices must be 0..{len(node.gpus) - 1} in order")
 
-    def _mig_keys(self) -> list[object]:
-        keys: list[object] = [("mig_total", p) for p in self.mig_profiles]
-        keys += [("mig_free", p) for p in self.mig_profiles]
-        keys += [("mig_free_model", p, m) for p, m in self._mig_model_keys]
-        return keys
-
     def _expose(self) -> None:
-        """Point the public arrays at the live rows of the buffers."""
-        n = self._rows
-        for name in (*_NODE_COLUMNS, *_GPU_COLUMNS):
-            setattr(self, name, self._buf[name][:n])
-        self.mig_total: dict[str, np.ndarray] = {p: self._buf[("mig_total", p)][:n] for p in self.mig_profiles}
-        self.mig_free: dict[str, np.ndarray] = {p: self._buf[("mig_free", p)][:n] for p in self.mig_profiles}
-        # free MIG devices per (profile, GPU model): model constraints count only their own slices
-        self.mig_free_by_model: dict[tuple[str, str], np.ndarray] = {
-            (p, m): self._buf[("mig_free_model", p, m)][:n] for p, m in self._mig_model_keys
-        }
+        """Point the public arrays at the live rows (SnapshotRows), and drop the node tuples."""
+        super()._expose()
         self._tuples = None
 
     # ---- views -------------------------------------------------------------------------------
@@ -372,72 +238,10 @@ class ClusterSnapshot:
         self._write_rows(row, [spec])
         return row
 
-    def _grow(self, capacity: int, slots: int) -> None:
-        """Reallocate the buffers with more rows and/or GPU slots, keeping the live rows."""
-        n, old_slots = self._rows, self.gpu_slots
-        grown: dict[object, np.ndarray] = {}
-        for key, buf in self._buf.items():
-            if isinstance(key, str) and key in _GPU_COLUMNS:
-                new = np.full((capacity, slots), _GPU_COLUMNS[key][1], dtype=buf.dtype)
-                new[:n, :old_slots] = buf[:n]
-            elif capacity == self._capacity:
-                new = buf  # only the GPU slots widen
-            else:
-                fill = _NODE_COLUMNS[key][1] if isinstance(key, str) and key in _NODE_COLUMNS else 0
-                new = np.full(capacity, fill, dtype=buf.dtype)
-                new[:n] = buf[:n]
-            grown[key] = new
-        self._buf = grown
-        self._capacity, self.gpu_slots = capacity, slots
-
-    def _make_room(self, spec: NodeSpec) -> None:
-        """Widen the GPU slots and register new GPU models and MIG profiles for ``spec``."""
-        if len(spec.gpus) > self.gpu_slots:
-            self._grow(self._capacity, len(spec.gpus))
-        for gpu in spec.gpus:
-            if gpu.model not in self._model_id:
-                self._model_id[gpu.model] = len(self.models)
-                self.models.append(gpu.model)
-            for s in gpu.mig_slices:
-                if s.profile not in self.mig_profiles:
-                    bisect.insort(self.mig_profiles, s.profile)
-                    self._buf[("mig_total", s.profile)] = np.zeros(self._capacity, dtype=np.int64)
-                    self._buf[("mig_free", s.profile)] = np.zeros(self._capacity, dtype=np.int64)
-                if (s.profile, gpu.model) not in self._mig_model_keys:
-                    bisect.insort(self._mig_model_keys, (s.profile, gpu.model))
-                    self._buf[("mig_free_model", s.profile, gpu.model)] = np.zeros(self._capacity, dtype=np.int64)
-
-    def _clear_row(self, row: int) -> None:
-        for name, (_, fill) in (*_NODE_COLUMNS.items(), *_GPU_COLUMNS.items()):
-            self._buf[name][row] = fill
-        for key in self._mig_keys():
-            self._buf[key][row] = 0
-
     def _write_rows(self, start: int, specs: Sequence[NodeSpec]) -> None:
-        """Write ``specs`` into the clean rows ``start``.. with nothing allocated (all at once: this
-        builds the snapshot). Rows past the live ones are kept clean (see ``_clear_row``)."""
-        b, rows = self._buf, slice(start, start + len(specs))
-        b["cpu_total"][rows] = b["cpu_free"][rows] = [spec.cpu_milli for spec in specs]
-        b["mem_total"][rows] = b["mem_free"][rows] = [spec.memory_mib for spec in specs]
-        b["pods_total"][rows] = b["pods_free"][rows] = [spec.max_pods for spec in specs]
-        b["gpu_count"][rows] = [len(spec.gpus) for spec in specs]
-        at = [(start + k, j) for k, spec in enumerate(specs) for j in range(len(spec.gpus))]
-        if at:
-            gpus = [gpu for spec in specs for gpu in spec.gpus]
-            cells = tuple(np.array(at).T)
-            usable = np.array([gpu.healthy and not gpu.mig_enabled for gpu in gpus])  # takes whole or shared pods
-            memory = np.array([gpu.memory_mib for gpu in gpus], dtype=np.int64)
-            b["gpu_model"][cells] = [self._model_id[gpu.model] for gpu in gpus]
-            b["gpu_mem_total"][cells] = memory
-            b["gpu_usable"][cells] = usable
-            b["free_milli"][cells] = np.where(usable, MILLI, ABSENT)
-            b["gpu_mem_free"][cells] = np.where(usable, memory, 0)
+        """Write the rows (SnapshotRows) and count each one's node signature."""
+        super()._write_rows(start, specs)
         for k, spec in enumerate(specs):
-            for gpu in spec.gpus:
-                for sl in gpu.mig_slices if gpu.healthy else ():
-                    b[("mig_total", sl.profile)][start + k] += 1
-                    b[("mig_free", sl.profile)][start + k] += 1
-                    b[("mig_free_model", sl.profile, gpu.model)][start + k] += 1
             self._remember_signature(start + k, spec)
 
     def _remember_signature(self, row: int, spec: NodeSpec) -> None:

@@ -21,8 +21,9 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 
-from gpupool_sched.model.cluster import ClusterSnapshot, NodeSignature
+from gpupool_sched.model.cluster import ClusterSnapshot
 from gpupool_sched.model.constraints import UNSCHEDULABLE_TAINT, NodeConstraints, Requirement
+from gpupool_sched.model.node import NodeSignature
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.framework import CycleState, FilterPlugin
 

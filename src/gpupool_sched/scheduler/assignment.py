@@ -16,7 +16,8 @@ from gpupool_common.handshake import AllocationAck, Assignment, ContainerAssignm
 from gpupool_sched.model.cluster import GpuSpec, NodeSpec
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import MILLI, GpuShape, PodRequest
-from gpupool_sched.scheduler.podspec import MIG_PREFIX, RESOURCE_GPU, RESOURCE_MEMORY, ContainerDemand, PodPlan
+from gpupool_sched.scheduler.containers import MIG_PREFIX, RESOURCE_GPU, RESOURCE_MEMORY, ContainerDemand
+from gpupool_sched.scheduler.podspec import PodPlan
 
 _GPU_FIELDS = frozenset({"name", "gpu_count", "gpu_milli", "gpu_memory_mib", "mig_profile", "mig_count", "extra"})
 

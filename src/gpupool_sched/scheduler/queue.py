@@ -13,7 +13,7 @@ A popped pod is *in flight* until the cycle hands it back with exactly one of `p
 kept: an update of the pod replaces its payload, and cluster events are recorded, so that a pod found
 unschedulable just after the event that would have made it fit goes to backoff instead of waiting for
 the next such event (kube-scheduler's in-flight events). Heaps with lazy deletion keep every operation
-O(log n); everything runs on one thread, so there are no locks.
+O(log n); everything runs on one thread, so there are no locks. The hints: scheduler/hints.py.
 """
 
 from __future__ import annotations
@@ -25,32 +25,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
+
+from gpupool_sched.scheduler.hints import ClusterEvent as ClusterEvent
+from gpupool_sched.scheduler.hints import Hint as Hint
+from gpupool_sched.scheduler.hints import QuotaFreed as QuotaFreed
 
 ACTIVE, BACKOFF, UNSCHEDULABLE = "active", "backoff", "unschedulable"
 _COMPACT_MIN = 1024  # stale heap entries tolerated before a rebuild (also at most the live count)
-
-
-class ClusterEvent(StrEnum):
-    """What may make an unschedulable pod fit; `park` lists the ones a pod waits for."""
-
-    NODE_ADDED = "NodeAdded"  # a node appeared (or was seen for the first time): capacity, models, profiles
-    NODE_CHANGED = "NodeChanged"  # a node's allocatable, labels, taints, cordon or GPU inventory changed
-    GPU_FREED = "GpuFreed"  # a pod released what it held on a node (ended, deleted, bind failed, forgotten)
-    BUDGET_RELAXED = "BudgetRelaxed"  # a PodDisruptionBudget allows more disruptions now, or is gone
-    QUOTA_CHANGED = "QuotaChanged"  # a GpuQuota or a namespace's labels changed
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaFreed:
-    """What the team of GpuQuota `quota` uses dropped (None: any quota's, so the cohort has more to lend):
-    wakes only the over-quota pods waiting for that, not every over-quota pod on every freed GPU."""
-
-    quota: str | None
-
-
-Hint = ClusterEvent | QuotaFreed  # what a parked pod waits for
 
 
 @dataclass(slots=True)
