@@ -99,6 +99,14 @@ class Cycle:
                 return outcome
         return Outcome()
 
+    def decide(self, plans: list[PodPlan], need: int, *, gang: bool, running: Candidates | None = None,
+               reclaim: Candidates | None = None, offload: bool = False) -> Steps[CycleResult | GangResult]:
+        """The steps of one decision, for a driver: `schedule` / `schedule_gang` run them inline, the
+        service with eviction planning on a worker thread (`offload`)."""
+        session = self.session(plans, need, gang=gang, running=running, reclaim=reclaim, offload=offload)
+        outcome = yield from self.run(session)
+        return gang_result(session, outcome) if gang else pod_result(session, outcome)
+
     def schedule(self, plan: PodPlan, running: Candidates | None = None,
                  reclaim: Candidates | None = None) -> CycleResult:
         """Decide for `plan`. With `running` (the pod may preempt: its policy is not Never) a pod that

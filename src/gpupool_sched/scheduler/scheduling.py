@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupool_sched.framework.job import Job
+from gpupool_sched.framework.session import Steps, drive, drive_offloaded
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
@@ -61,6 +62,15 @@ class Scheduling:
     observe: Callable[[str, PodRequest], None]  # a request into the workload profile
 
     def schedule_one(self, item: QueuedPod) -> None:
+        """Decide for the popped pod's job, eviction planning inline."""
+        drive(self._steps(item))
+
+    async def schedule_one_offloaded(self, item: QueuedPod) -> None:
+        """Decide for the popped pod's job; eviction planning runs on a worker thread against a copy of the
+        snapshot while the loop serves the watch (the plan is checked on the live cache before it is used)."""
+        await drive_offloaded(self._steps(item, offload=True))
+
+    def _steps(self, item: QueuedPod, offload: bool = False) -> Steps[None]:
         obj = self.pending.get(item.uid)
         if obj is None or item.uid in self.state.pods:
             self.queue.done(item.uid)
@@ -84,7 +94,7 @@ class Scheduling:
         if job is None:
             return
         self.observe(plan.uid, plan.request)
-        self._schedule(job, popped)
+        yield from self._schedule(job, popped, offload)
 
     def _job(self, item: QueuedPod, plan: PodPlan, key: str) -> Job | None:
         """The job of a PodGroup member: the group's pending members, or the member alone once the group's
@@ -120,7 +130,7 @@ class Scheduling:
                 job.items.append(taken)
         return job
 
-    def _schedule(self, job: Job, popped: float) -> None:
+    def _schedule(self, job: Job, popped: float, offload: bool) -> Steps[None]:
         # every member bound passes admission: the quota's refusal keeps all of them (minimum over) or
         # those beyond what it admits waiting
         admitted, verdict = (self.quotas.admit_gang(job.plans, job.need) if len(job.plans) >= job.need
@@ -148,9 +158,13 @@ class Scheduling:
         victims = (lambda: running_pods(self.state, self.budgets, floor)) if preempts else None
         reclaim = ((lambda: self.quotas.reclaim_gang(job.plans, running_pods(self.state, self.budgets)))
                    if preempts else None)
-        result: CycleResult | GangResult = (self.cycle.schedule_gang(job.plans, job.need, victims, reclaim)
-                                            if job.gang else self.cycle.schedule(job.plans[0], victims, reclaim))
+        result = yield from self.cycle.decide(job.plans, job.need, gang=job.gang, running=victims, reclaim=reclaim,
+                                              offload=offload)
         self.metrics.algorithm_latency.observe(result.seconds)
+        if result.stale:  # the cluster moved while the plan was computed off the loop: try again soon
+            for item in job.items:
+                self.queue.backoff(item)
+            return
         if result.statement is None or result.preemption is not None:
             message = self._failure(job, result, verdict)
             if (not job.gang and result.preemption is None and result.blocked_by_budget is None and preempts

@@ -10,7 +10,8 @@
                                           └──▶ FailedScheduling Event + PodScheduled=False
     Cycle: fits nowhere ──▶ plan_preemption ──▶ Statement (evictions) ──▶ Preemptor: nominate, Eviction API
 
-Everything runs on one asyncio loop (kopf's); only API calls leave it, on a thread pool. The state is
+Everything runs on one asyncio loop (kopf's); only API calls (on thread pools) and eviction planning (on a
+worker thread, against its own snapshot copy) leave it. The state is
 rebuilt from a LIST of nodes and pods (their assignment and ack annotations) before the first cycle,
 so a restarted scheduler never hands out a device twice.
 """
@@ -293,7 +294,7 @@ class SchedulerService:
             until = time.monotonic() + CYCLE_SLICE_S
             while item is not None:
                 try:
-                    self.schedule_one(item)
+                    await self.scheduling.schedule_one_offloaded(item)
                 except Exception:  # nothing a pod says may stop the loop
                     log.exception("scheduling %s failed unexpectedly", item.key)
                     self.metrics.attempts.labels(result="error").inc()
