@@ -41,7 +41,7 @@ lint: $(VPY) ## ruff + mypy
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
 
-typecheck: $(VPY) ## mypy over src and benchmarks (strict for the placement core, gpupool_common, the scheduler's state)
+typecheck: $(VPY) ## mypy over src, benchmarks and tests/support (strict for the placement core, gpupool_common, the scheduler's state)
 	$(VENV)/bin/mypy
 
 fmt: $(VPY) ## ruff --fix: apply ruff's automatic fixes to src, tests and benchmarks

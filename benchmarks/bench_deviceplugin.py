@@ -29,16 +29,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the kubelet stand-in and plugin process helpers of the tests
-
-from deviceplugin.kubelet_standin import DeviceList, KubeletStandin  # noqa: E402
-from deviceplugin.plugin_process import PluginProcess  # noqa: E402
-from deviceplugin.pods import assignment  # noqa: E402
-
-from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory  # noqa: E402
-from gpupool_deviceplugin.api.v1beta1 import api_pb2  # noqa: E402
-from gpupool_deviceplugin.publication import node_publication_for_profile  # noqa: E402
+from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory
+from gpupool_deviceplugin.api.v1beta1 import api_pb2
+from gpupool_deviceplugin.publication import node_publication_for_profile
+from tests.support.kubelet_standin import DeviceList, KubeletStandin  # run from the repo root: -m benchmarks...
+from tests.support.objects import assignment
+from tests.support.plugin_process import PluginProcess
 
 PROFILE = "dgx-h100"
 UNIT_MIB = 1019

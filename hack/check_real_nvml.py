@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # a script, not run from the repo root: the test support package, tests.support
 
 
 class CheckFailed(AssertionError):
@@ -104,8 +104,8 @@ def print_topology(inv) -> None:
 
 
 def plugin_run(found: dict, fake: str | None) -> None:
-    from deviceplugin.kubelet_standin import KubeletStandin
-    from deviceplugin.plugin_process import PluginProcess
+    from tests.support.kubelet_standin import KubeletStandin
+    from tests.support.plugin_process import PluginProcess
 
     inv = found["inventory"]
     print("3. the plugin process on real NVML against the kubelet stand-in")

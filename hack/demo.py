@@ -16,8 +16,8 @@ or is marked unschedulable, and prints `gpupool status` again with the figures o
 `agent` (started by `up` without a real node, detached): with no container runtime, the chart's Deployment
 and DaemonSet cannot run; this process runs their programs instead, as tests/e2e/test_helm_chart.py does: the
 chart's command lines with tokens of the chart's ServiceAccounts (never admin), the device plugin behind
-the kubelet stand-in of tests/deviceplugin and the pod admission loop of tests/e2e/test_scheduler_fullpath.py
-(both reused from there, not copied). It runs until `down`.
+the kubelet stand-in and the pod admission loop of tests/e2e/test_scheduler_fullpath.py (all three reused
+from the test support package tests.support, not copied). It runs until `down`.
 
 `down` stops the agent and every process it started (by pid), uninstalls the chart, deletes the namespace
 and the demo's nodes, and stops the dev cluster if `up` started it.
@@ -41,21 +41,20 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpupool_devcluster import realnode
+from gpupool_devcluster.binaries import cache_root
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.cluster import DevCluster
+from gpupool_devcluster.errors import DevClusterError
+from gpupool_devcluster.layout import DEFAULT_CLUSTER
+from gpupool_devcluster.raw import discard, read_json
+
 ROOT = Path(__file__).resolve().parent.parent
-for helpers in (ROOT / "tests", ROOT / "tests" / "e2e"):  # the stand-ins the chart test uses (see above)
-    sys.path.insert(0, str(helpers))
-
-from kubernetes import client  # noqa: E402
-from kubernetes.client.exceptions import ApiException  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from gpupool_devcluster import realnode  # noqa: E402
-from gpupool_devcluster.binaries import cache_root  # noqa: E402
-from gpupool_devcluster.client import ClusterClient  # noqa: E402
-from gpupool_devcluster.cluster import DevCluster  # noqa: E402
-from gpupool_devcluster.errors import DevClusterError  # noqa: E402
-from gpupool_devcluster.layout import DEFAULT_CLUSTER  # noqa: E402
-from gpupool_devcluster.raw import discard, read_json  # noqa: E402
+sys.path.insert(0, str(ROOT))  # a script: the stand-ins the chart test uses (see above) are in tests.support
 
 NAMESPACE = "gpupool-demo"
 RELEASE = "demo"
@@ -90,7 +89,7 @@ def write_state(cluster: str, state: dict[str, Any]) -> None:
 # ---- up --------------------------------------------------------------------------------------------
 def workload(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The mixed workload: (name, priority class, whole GPUs, memory units)."""
-    from scheduler_harness import POOL_LABEL, pod
+    from tests.support.scheduler_harness import POOL_LABEL, pod
 
     shapes: list[tuple[str, str, int, int]] = [("train-critical-0", "train-critical", 4, 0)]
     shapes += [(f"train-{i}", "training", 2, 0) for i in range(args.training)]
@@ -143,7 +142,7 @@ def gpupool_command() -> str:
 
 
 def status(kube: ClusterClient, title: str) -> None:
-    from scheduler_harness import POOL_LABEL
+    from tests.support.scheduler_harness import POOL_LABEL
 
     say(f"gpupool status ({title})")
     exe = Path(sys.executable).parent / "gpupool"
@@ -222,8 +221,8 @@ def unschedulable_by_tier(kube: ClusterClient) -> dict[str, int]:
 
 
 def up(args: argparse.Namespace) -> int:
-    from scheduler_harness import POOL_LABEL
-    from test_helm_chart import CHART, bare_gpu_node
+    from tests.support.chart import CHART, bare_gpu_node
+    from tests.support.scheduler_harness import POOL_LABEL
 
     if read_state(args.cluster):
         raise SystemExit(f"a demo is already up on cluster {args.cluster!r}: `make demo-down` first")
@@ -329,7 +328,7 @@ def choose_mode(asked: str) -> tuple[str, str]:
 
 def up_on_real_node(args: argparse.Namespace, kube: ClusterClient, state: dict[str, Any], node: str) -> int:
     """The chart's pods run on the real node; kwok nodes beside it take the rest of the workload."""
-    from scheduler_harness import POOL_LABEL
+    from tests.support.scheduler_harness import POOL_LABEL
 
     say(f"the real node {node} and {args.kwok_nodes} kwok node(s) ({KWOK_PROFILE}) in pool {POOL}")
     discard(kube.core.patch_node(node, {"metadata": {"labels": {POOL_LABEL: POOL}}}, _preload_content=False))
@@ -415,9 +414,9 @@ def submit_and_report(args: argparse.Namespace, kube: ClusterClient, scheduler_u
 
 # ---- agent -----------------------------------------------------------------------------------------
 def agent(args: argparse.Namespace) -> int:
-    from deviceplugin.kubelet_standin import KubeletStandin
-    from test_helm_chart import service_account_kubeconfig, start_chart_plugin, start_chart_scheduler
-    from test_scheduler_fullpath import NodeKubelet
+    from tests.support.chart import service_account_kubeconfig, start_chart_plugin, start_chart_scheduler
+    from tests.support.kubelet_standin import KubeletStandin
+    from tests.support.node_kubelet import NodeKubelet
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -516,7 +515,7 @@ def empty_namespace(kube: ClusterClient) -> None:
 
 
 def down(args: argparse.Namespace) -> int:
-    from scheduler_harness import POOL_LABEL
+    from tests.support.scheduler_harness import POOL_LABEL
 
     state = read_state(args.cluster)
     pids = [p for p in state.get("pids", []) if alive(p)]

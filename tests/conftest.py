@@ -15,7 +15,6 @@ so a developer's cluster keeps only what it had. Every test under tests/e2e/ is 
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,55 +39,35 @@ def kube() -> Iterator[ClusterClient]:
     from gpupool_devcluster.cluster import DevCluster
     from gpupool_devcluster.errors import DevClusterError
     from gpupool_devcluster.layout import DEFAULT_CLUSTER
+    from tests.support.fixtures import private_cluster
 
     requested = os.environ.get("GPUPOOL_E2E_CLUSTER")
     fresh = os.environ.get("GPUPOOL_E2E_FRESH") == "1"
-    private: DevCluster | None = None
+    shared: DevCluster | None = None
     try:
         if requested:
-            cluster = DevCluster(requested)
-            cluster.require_running()
+            shared = DevCluster(requested)
+            shared.require_running()
         elif not fresh and DevCluster(DEFAULT_CLUSTER).running_state() is not None:
-            cluster = DevCluster(DEFAULT_CLUSTER)
-        else:
-            private = cluster = DevCluster(f"pytest-{os.getpid()}")
-            cluster.up()
-        handle = ClusterClient.connect(cluster)
+            shared = DevCluster(DEFAULT_CLUSTER)
+        handle = ClusterClient.connect(shared) if shared is not None else None
     except DevClusterError as exc:
-        if private is not None:
-            private.down()  # keeps its logs: the error may point at them
         pytest.fail(f"no control plane for the e2e tests: {exc}", pytrace=False)
+    if handle is None:
+        with private_cluster(f"pytest-{os.getpid()}", "control plane for the e2e tests") as private:
+            yield private
+        return
     try:
         yield handle
     finally:
-        try:
-            if private is None:
-                handle.delete_nodes(handle.created_nodes)
-            handle.close()
-        finally:
-            if private is not None:
-                private.down(purge=True)
+        handle.delete_nodes(handle.created_nodes)
+        handle.close()
 
 
 @pytest.fixture
 def namespace(kube: ClusterClient) -> Iterator[str]:
-    """A fresh namespace, removed after the test with everything in it.
+    """A fresh namespace, removed after the test with everything in it (tests.support.fixtures)."""
+    from tests.support.fixtures import fresh_namespace
 
-    The dev cluster runs no namespace controller (no kube-controller-manager by default), so the test's
-    pods are deleted here and the namespace's `kubernetes` finalizer is released, as that controller
-    would do once the namespace is empty."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    yield name
-    kube.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    kube.core.delete_namespace(name)
-    try:
-        kube.core.replace_namespace_finalize(
-            name, client.V1Namespace(metadata=client.V1ObjectMeta(name=name),
-                                     spec=client.V1NamespaceSpec(finalizers=[])))
-    except ApiException as exc:
-        if exc.status != 404:  # already gone: a namespace controller was running
-            raise
+    with fresh_namespace(kube) as name:
+        yield name

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.kubelet_standin import KubeletStandin
-from deviceplugin.plugin_process import PluginProcess
+from tests.support.fixtures import fresh_namespace
+from tests.support.kubelet_standin import KubeletStandin
+from tests.support.plugin_process import PluginProcess
 
 
 @pytest.fixture
@@ -43,15 +44,6 @@ def start_plugin(tmp_path: Path, kubelet_dir: Path) -> Iterator[Callable[..., Pl
 
 @pytest.fixture
 def namespace(kube) -> Iterator[str]:
-    """A fresh namespace on the dev cluster; its pods are deleted afterwards (no namespace controller runs)."""
-    import uuid
-
-    from kubernetes import client
-
-    name = f"dp-{uuid.uuid4().hex[:8]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    yield name
-    kube.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    kube.core.delete_namespace(name)
-    kube.core.replace_namespace_finalize(name, client.V1Namespace(
-        metadata=client.V1ObjectMeta(name=name), spec=client.V1NamespaceSpec(finalizers=[])))
+    """A fresh namespace `dp-...` on the dev cluster, removed afterwards with its pods (tests.support.fixtures)."""
+    with fresh_namespace(kube, "dp") as name:
+        yield name

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from deviceplugin.pods import assignment, pod_json
 from gpupool_common.handshake import (
     ACK_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
@@ -25,6 +24,7 @@ from gpupool_deviceplugin.config import PluginConfig
 from gpupool_deviceplugin.pods import pod_record
 from gpupool_deviceplugin.publication import node_publication_for_profile
 from gpupool_deviceplugin.resources import build_resources, memory_unit_id
+from tests.support.objects import assignment, pod_json
 
 NODE = "node-a"
 GPU, MEM = "nvidia.com/gpu", "nvidia.com/gpu-memory"

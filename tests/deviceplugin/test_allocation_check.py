@@ -12,9 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from waiting import eventually
 
-from deviceplugin.pods import assignment, pod_json
 from gpupool_common.handshake import AllocationAck
 from gpupool_deviceplugin.admission import AdmissionBook, KubeletPod
 from gpupool_deviceplugin.config import PluginConfig
@@ -23,6 +21,8 @@ from gpupool_deviceplugin.podresources import PodResourcesUnavailable, Reconcile
 from gpupool_deviceplugin.pods import PodRecord, pod_record
 from gpupool_deviceplugin.publication import node_publication_for_profile
 from gpupool_deviceplugin.resources import build_resources
+from tests.support.objects import assignment, pod_json
+from tests.support.waiting import eventually
 
 NODE = "node-a"
 GPU = "nvidia.com/gpu"

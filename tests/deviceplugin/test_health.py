@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from deviceplugin.kubelet_standin import KubeletStandin
 from gpupool_deviceplugin.publication import node_publication_for_profile
+from tests.support.kubelet_standin import KubeletStandin
 
 FAST_RECOVERY = {"health": {"recoveryQuietPeriodSeconds": 1.0, "eventWaitMs": 50}}
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from deviceplugin.pods import assignment, pod_json
 from gpupool_deviceplugin.admission import AdmissionBook, KubeletPod
 from gpupool_deviceplugin.allocator import Allocator
 from gpupool_deviceplugin.config import PluginConfig
@@ -22,6 +21,7 @@ from gpupool_deviceplugin.metrics import PluginMetrics
 from gpupool_deviceplugin.pods import pod_record
 from gpupool_deviceplugin.publication import node_publication_for_profile
 from gpupool_deviceplugin.resources import build_resources, memory_unit_id, split_memory_unit_id
+from tests.support.objects import assignment, pod_json
 
 NODE = "node-a"
 GPU, MEM = "nvidia.com/gpu", "nvidia.com/gpu-memory"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.plugin_process import plugin_command
+from tests.support.plugin_process import plugin_command
 
 
 def _nvml_loads() -> bool:

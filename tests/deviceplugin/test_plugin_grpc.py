@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from deviceplugin.kubelet_standin import ContainerRequest, DeviceManager, KubeletStandin
 from gpupool_deviceplugin.publication import node_publication_for_profile
+from tests.support.kubelet_standin import ContainerRequest, DeviceManager, KubeletStandin
 
 # resources the plugin serves without an API server: no nvidia.com/gpu-memory (it needs the pod watch)
 EXPECTED = {

@@ -19,8 +19,6 @@ import pynvml
 import pytest
 import yaml
 
-from deviceplugin.kubelet_standin import KubeletStandin
-from deviceplugin.plugin_process import plugin_command
 from gpupool_deviceplugin.config import HealthConfig
 from gpupool_deviceplugin.daemon import LOCK_FILE, KubeletDirLock, StartupError
 from gpupool_deviceplugin.health import HealthMonitor
@@ -28,6 +26,8 @@ from gpupool_deviceplugin.metrics import PluginMetrics
 from gpupool_deviceplugin.nvml.fake import FakeNvml
 from gpupool_deviceplugin.nvml.session import HealthEvent
 from gpupool_deviceplugin.publication import node_publication_for_profile
+from tests.support.kubelet_standin import KubeletStandin
+from tests.support.plugin_process import plugin_command
 
 FAST = {"health": {"recoveryQuietPeriodSeconds": 0, "eventWaitMs": 50}}
 MALFORMED = [

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.kubelet_standin import KubeletStandin
-from deviceplugin.plugin_process import PluginProcess, plugin_command
+from tests.support.kubelet_standin import KubeletStandin
+from tests.support.plugin_process import PluginProcess, plugin_command
 
 MIG_RESOURCES = {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb"}
 

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from deviceplugin.kubelet_standin import KubeletStandin
-from deviceplugin.plugin_process import PluginProcess
+from tests.support.kubelet_standin import KubeletStandin
+from tests.support.plugin_process import PluginProcess
 
 REGISTERED = "gpupool_deviceplugin_registered"
 

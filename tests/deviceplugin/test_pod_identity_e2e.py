@@ -18,10 +18,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from deviceplugin.kubelet_standin import ContainerRequest, DeviceManager, KubeletStandin, Pod
-from deviceplugin.test_handshake_e2e import Cluster, eventually, gpu_of
 from gpupool_common.handshake import ACK_ANNOTATION
 from gpupool_deviceplugin.resources import split_memory_unit_id
+from tests.support.handshake_node import Cluster, gpu_of
+from tests.support.kubelet_standin import ContainerRequest, DeviceManager, KubeletStandin, Pod
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 GPU, MEM = "nvidia.com/gpu", "nvidia.com/gpu-memory"

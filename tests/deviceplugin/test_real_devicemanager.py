@@ -17,9 +17,13 @@ from typing import Any
 import grpc
 import pytest
 from kubernetes import client
-from waiting import eventually
 
-from deviceplugin.kubelet_harness import (
+from gpupool_common.handshake import AllocationAck, parse_ack, parse_assignment
+from gpupool_common.inventory import INVENTORY_ANNOTATION, NodeInventory, parse_inventory
+from gpupool_deviceplugin.api.podresources.v1 import api_pb2 as pr_pb2
+from gpupool_deviceplugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
+from gpupool_deviceplugin.resources import split_memory_unit_id
+from tests.support.kubelet_harness import (
     CHECKPOINT_FILE,
     Checkpoint,
     KubeletHarness,
@@ -27,12 +31,8 @@ from deviceplugin.kubelet_harness import (
     RunOptions,
     harness_binary,
 )
-from deviceplugin.pods import assignment
-from gpupool_common.handshake import AllocationAck, parse_ack, parse_assignment
-from gpupool_common.inventory import INVENTORY_ANNOTATION, NodeInventory, parse_inventory
-from gpupool_deviceplugin.api.podresources.v1 import api_pb2 as pr_pb2
-from gpupool_deviceplugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from gpupool_deviceplugin.resources import split_memory_unit_id
+from tests.support.objects import assignment
+from tests.support.waiting import eventually
 
 GPU, MEM = "nvidia.com/gpu", "nvidia.com/gpu-memory"
 UNIT_MIB = 1024

@@ -21,17 +21,17 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from realnode_cluster import logged_env, real_cluster, wait_running, workload_pod
-from waiting import eventually
 
 from gpupool_common.handshake import parse_assignment
 from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory
 from gpupool_devcluster import realnode
-from gpupool_devcluster.binaries import helm_binary, repo_root
+from gpupool_devcluster.binaries import helm_binary
 from gpupool_devcluster.client import ClusterClient
 from gpupool_devcluster.cluster import DevCluster
+from tests.support.chart import CHART
+from tests.support.realnode_cluster import logged_env, real_cluster, wait_running, workload_pod
+from tests.support.waiting import eventually
 
-CHART = repo_root() / "deploy" / "helm" / "gpupool"
 PROFILE = "nvlink-pairs"  # 8 GPUs of 80 GiB, NVLink between GPUs 2k and 2k+1
 GPU, MEM = "nvidia.com/gpu", "nvidia.com/gpu-memory"
 NS = "gpupool-system"

@@ -13,12 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scheduler_harness import POOL_LABEL, list_pods
-
 from gpupool_common.handshake import parse_ack
 from gpupool_devcluster.binaries import helm_binary
 from gpupool_devcluster.client import ClusterClient
 from gpupool_devcluster.raw import read_json
+from tests.support.scheduler_harness import POOL_LABEL, list_pods
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "hack" / "demo.py"
@@ -130,10 +129,9 @@ def test_make_demo_runs_the_chart_as_pods_on_a_real_node_and_down_leaves_nothing
     cluster it started with its node (no process, mount, cgroup, namespace, link or NAT rule left)."""
     import importlib.util
 
-    from realnode_cluster import machine_leftovers, require_real_nodes
-
     from gpupool_devcluster import realnode
     from gpupool_devcluster.cluster import DevCluster
+    from tests.support.realnode_cluster import machine_leftovers, require_real_nodes
 
     require_real_nodes()
     spec = importlib.util.spec_from_file_location("demo", DEMO)

@@ -15,22 +15,22 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from scheduler_harness import (
+
+from gpupool_common.handshake import parse_assignment
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.crds import install_crds
+from gpupool_devcluster.raw import discard
+from tests.support.ports import free_port
+from tests.support.scheduler_harness import (
     add_pool_nodes,
     assert_no_oversubscription,
     device_use,
-    free_port,
     list_pods,
     pod,
     unique,
     wait_bound,
     wait_until,
 )
-
-from gpupool_common.handshake import parse_assignment
-from gpupool_devcluster.client import ClusterClient
-from gpupool_devcluster.crds import install_crds
-from gpupool_devcluster.raw import discard
 
 GPU = "nvidia.com/gpu"
 MEMORY = "nvidia.com/gpu-memory"

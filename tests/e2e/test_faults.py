@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -26,12 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deviceplugin.kubelet_standin import KubeletStandin
-from deviceplugin.plugin_process import PluginProcess
-from faultproxy import BINDING, BLACKHOLE, CUT, PASS, FaultProxy, ProxyRecord, proxy_for
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from scheduler_harness import (
+
+from gpupool_common.handshake import parse_ack, parse_assignment
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.fake_pods import create_pods
+from gpupool_devcluster.raw import discard
+from tests.support.faultproxy import BINDING, BLACKHOLE, CUT, PASS, FaultProxy, ProxyRecord, proxy_for
+from tests.support.fixtures import fresh_namespace, private_cluster
+from tests.support.node_kubelet import NodeKubelet
+from tests.support.plugin_pool import plugin_pool
+from tests.support.scheduler_harness import (
     SchedulerProcess,
     add_pool_nodes,
     assert_no_oversubscription,
@@ -43,14 +46,6 @@ from scheduler_harness import (
     unique,
     wait_until,
 )
-from test_scheduler_fullpath import GPU, MEM, PROFILE, NodeKubelet, PluginNode, Pool, _create_node
-
-from gpupool_common.handshake import parse_ack, parse_assignment
-from gpupool_devcluster.client import ClusterClient
-from gpupool_devcluster.cluster import DevCluster
-from gpupool_devcluster.errors import DevClusterError
-from gpupool_devcluster.fake_pods import create_pods
-from gpupool_devcluster.raw import discard
 
 LEASE = ["--leader-elect", "--lease-namespace", "default", "--lease-duration", "6", "--renew-deadline", "4",
          "--retry-period", "1"]
@@ -63,36 +58,15 @@ LEASE_DURATION_S = 6.0
 @pytest.fixture(scope="module")
 def faults() -> Iterator[ClusterClient]:
     """A private dev cluster for this module: its apiserver may be stopped and its etcd compacted."""
-    cluster = DevCluster(f"faults-{os.getpid()}")
-    try:
-        cluster.up(audit=False)
-        handle = ClusterClient.connect(cluster)
-    except DevClusterError as exc:
-        cluster.down()
-        pytest.fail(f"no private control plane for the fault scenarios: {exc}", pytrace=False)
-    try:
+    with private_cluster(f"faults-{os.getpid()}", "private control plane for the fault scenarios",
+                         audit=False) as handle:
         yield handle
-    finally:
-        try:
-            handle.close()
-        finally:
-            cluster.down(purge=True)
 
 
 @pytest.fixture
 def ns(faults: ClusterClient) -> Iterator[str]:
-    name = f"faults-{os.urandom(4).hex()}"
-    faults.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    yield name
-    faults.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    faults.core.delete_namespace(name)
-    try:
-        faults.core.replace_namespace_finalize(
-            name, client.V1Namespace(metadata=client.V1ObjectMeta(name=name),
-                                     spec=client.V1NamespaceSpec(finalizers=[])))
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    with fresh_namespace(faults, "faults") as name:
+        yield name
 
 
 @pytest.fixture
@@ -139,7 +113,7 @@ def proxied_scheduler(kube: ClusterClient, name: str, log_dir: Path, label: str,
 
 
 class RecoveringKubelet(NodeKubelet):
-    """The kubelet stand-in of test_scheduler_fullpath, whose pod watch outlives an apiserver outage as a
+    """The NodeKubelet of tests.support.node_kubelet, whose pod watch outlives an apiserver outage as a
     kubelet's does: after an error it lists again a second later (the errors are kept in `outages`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -155,45 +129,6 @@ class RecoveringKubelet(NodeKubelet):
                 self.outages.append(self.failure)
                 self.failure = None
             self._stop.wait(1.0)
-
-
-@contextlib.contextmanager
-def plugin_nodes(kube: ClusterClient, work: Path, count: int = 2) -> Iterator[Pool]:
-    """`count` nodes (l40s-pcie: 4 GPUs, 44 memory units each) that each run the real device plugin behind
-    a kubelet stand-in (PodResources on: no gate), as test_scheduler_fullpath builds them."""
-    name = unique("plug")
-    nodes: dict[str, PluginNode] = {}
-    dirs: list[tempfile.TemporaryDirectory[str]] = []
-    created: list[str] = []
-    try:
-        for i in range(count):
-            node = f"{name}-n{i}"
-            _create_node(kube, node, name, pod_identity=True)
-            created.append(node)
-            folder = tempfile.TemporaryDirectory(prefix="gpk-")  # unix socket paths: keep it short
-            dirs.append(folder)
-            kubelet_dir = Path(folder.name) / "device-plugins"
-            kubelet_dir.mkdir()
-            standin = KubeletStandin(kubelet_dir, pod_resources=True)
-            standin.start()
-            with other_source():
-                plugin = PluginProcess(work, kubelet_dir, PROFILE, node=node, kubeconfig=kube.kubeconfig).start()
-            nodes[node] = PluginNode(node, plugin, standin, RecoveringKubelet(kube, node, standin))
-        for n in nodes.values():
-            n.standin.wait_registered({GPU, MEM}, timeout=30)
-            n.plugin.wait_healthz(200, timeout=30)
-            n.kubelet.start()
-        yield Pool(name, nodes)
-    finally:
-        for n in nodes.values():
-            n.kubelet.stop()
-            n.plugin.stop()
-            n.standin.stop()
-        for folder in dirs:
-            folder.cleanup()
-        for node in created:
-            with contextlib.suppress(ApiException):
-                discard(kube.core.delete_node(node, _preload_content=False))
 
 
 # ---------------------------------------------------------------- the audit
@@ -517,7 +452,10 @@ def test_apiserver_restart_mid_burst(faults: ClusterClient, ns: str, cleanup: li
     pool = unique("restart")
     add_pool_nodes(kube, pool, "dgx-h100", 16)
     name = unique("restart")
-    with plugin_nodes(kube, tmp_path) as plugged:
+    # nodes (l40s-pcie: 4 GPUs, 44 memory units each) that each run the real device plugin behind a kubelet
+    # stand-in (PodResources on: no gate), as test_scheduler_fullpath's
+    with plugin_pool(kube, tmp_path, "plug", pod_resources=True, kubelet=RecoveringKubelet,
+                     plugin_env=other_source) as plugged:
         scheduler, proxy = proxied_scheduler(kube, name, tmp_path, "scheduler", cleanup)
 
         def plugin_pods(tag: str) -> list[dict[str, Any]]:

@@ -17,7 +17,10 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from scheduler_harness import (
+
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.fake_pods import create_pods
+from tests.support.scheduler_harness import (
     SchedulerProcess,
     add_pool_nodes,
     events_for,
@@ -29,9 +32,6 @@ from scheduler_harness import (
     unique,
     wait_until,
 )
-
-from gpupool_devcluster.client import ClusterClient
-from gpupool_devcluster.fake_pods import create_pods
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "deploy" / "crds" / "scheduling.x-k8s.io_podgroups.yaml"

@@ -28,11 +28,12 @@ import grpc
 import pytest
 import yaml
 from kubernetes import client
-from scheduler_harness import free_port, pod, start_scheduler, unique, wait_bound, wait_until
-from test_scheduler_fullpath import GPU, Pool, _plugin_pool
 
 from gpupool_devcluster.client import ClusterClient
 from gpupool_devcluster.raw import discard
+from tests.support.plugin_pool import GPU, Pool, plugin_pool
+from tests.support.ports import free_port
+from tests.support.scheduler_harness import pod, start_scheduler, unique, wait_bound, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "deploy" / "helm" / "gpupool" / "files"
@@ -108,7 +109,7 @@ class Prometheus:
 
 @pytest.fixture(scope="module")
 def pool(kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    with _plugin_pool(kube, tmp_path_factory, "obs", pod_resources=True) as made:
+    with plugin_pool(kube, tmp_path_factory.mktemp("obs"), "obs", pod_resources=True) as made:
         yield made
 
 

@@ -26,7 +26,11 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
-from scheduler_harness import (
+from urllib3.exceptions import ProtocolError
+
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.fake_pods import create_pods
+from tests.support.scheduler_harness import (
     SchedulerProcess,
     add_pool_nodes,
     device_use,
@@ -38,10 +42,6 @@ from scheduler_harness import (
     wait_bound,
     wait_until,
 )
-from urllib3.exceptions import ProtocolError
-
-from gpupool_devcluster.client import ClusterClient
-from gpupool_devcluster.fake_pods import create_pods
 
 GRACE = "gpupool.io/checkpoint-grace-seconds"
 

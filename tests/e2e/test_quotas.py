@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from scheduler_harness import (
+
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.crds import install_crds
+from gpupool_devcluster.fake_pods import create_pods
+from tests.support.fixtures import drop_namespace, make_namespace
+from tests.support.scheduler_harness import (
     SchedulerProcess,
     add_pool_nodes,
     events_for,
@@ -25,10 +30,6 @@ from scheduler_harness import (
     wait_bound,
     wait_until,
 )
-
-from gpupool_devcluster.client import ClusterClient
-from gpupool_devcluster.crds import install_crds
-from gpupool_devcluster.fake_pods import create_pods
 
 GROUP, VERSION, PLURAL = "gpupool.io", "v1alpha1", "gpuquotas"
 
@@ -47,29 +48,11 @@ def pool(kube: ClusterClient) -> Iterator[tuple[str, list[str]]]:
     kube.delete_nodes(nodes)
 
 
-def make_namespace(kube: ClusterClient, labels: dict[str, str]) -> str:
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels)))
-    return name
-
-
-def drop_namespace(kube: ClusterClient, name: str) -> None:
-    """As tests/conftest.py's `namespace` fixture: pods deleted, the finalizer released."""
-    kube.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    kube.core.delete_namespace(name)
-    try:
-        kube.core.replace_namespace_finalize(name, client.V1Namespace(
-            metadata=client.V1ObjectMeta(name=name), spec=client.V1NamespaceSpec(finalizers=[])))
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-
-
 @pytest.fixture
 def teams(kube: ClusterClient) -> Iterator[tuple[str, str, str]]:
     tag = uuid.uuid4().hex[:6]
-    a = make_namespace(kube, {"team": f"a-{tag}"})
-    b = make_namespace(kube, {"team": f"b-{tag}"})
+    a = make_namespace(kube, labels={"team": f"a-{tag}"})
+    b = make_namespace(kube, labels={"team": f"b-{tag}"})
     yield tag, a, b
     drop_namespace(kube, a)
     drop_namespace(kube, b)

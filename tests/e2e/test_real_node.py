@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 from kubernetes import client
-from realnode_cluster import logged_env, machine_leftovers, real_cluster, wait_running, workload_pod
 
 from gpupool_devcluster import realnode
 from gpupool_devcluster.cluster import DevCluster
+from tests.support.realnode_cluster import logged_env, machine_leftovers, real_cluster, wait_running, workload_pod
 
 
 def test_a_real_node_runs_pods_survives_a_kubelet_restart_and_leaves_nothing_behind() -> None:

@@ -3,7 +3,7 @@ no per-(node, shape) gate there, so several 1-GPU pods and several memory-share 
 to a node while the kubelet is still admitting the first of them. Every one must be admitted with exactly
 its assignment: no Allocate refused (the kubelet would fail the pod), no GPU swapped, none oversubscribed.
 
-The plugins, kubelet stand-ins and the scheduler are those of test_scheduler_fullpath.py.
+The plugins, kubelet stand-ins and the scheduler are those of test_scheduler_fullpath.py (tests.support.plugin_pool).
 """
 
 from __future__ import annotations
@@ -12,18 +12,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from scheduler_harness import assert_no_oversubscription, list_pods, pod, start_scheduler, unique, wait_until
-from test_scheduler_fullpath import (
-    Pool,
-    _plugin_pool,
-    assert_kubelet_got_the_assignment,
-    plugin_counter,
-    stop_scheduler,
-)
 
 from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory
 from gpupool_devcluster.client import ClusterClient
 from gpupool_devcluster.raw import discard, read_json
+from tests.support.node_kubelet import assert_kubelet_got_the_assignment
+from tests.support.plugin_pool import Pool, plugin_pool
+from tests.support.plugin_process import plugin_counter
+from tests.support.scheduler_harness import (
+    assert_no_oversubscription,
+    list_pods,
+    pod,
+    start_scheduler,
+    stop_scheduler,
+    unique,
+    wait_until,
+)
 
 ROUNDS = 10
 WHOLE = 6  # 1-GPU pods per round, of the pool's 8 GPUs
@@ -32,7 +36,7 @@ SHARES = 4  # 8-unit memory pods per round
 
 @pytest.fixture(scope="module")
 def burst_pool(kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    with _plugin_pool(kube, tmp_path_factory, "burst", pod_resources=True) as made:
+    with plugin_pool(kube, tmp_path_factory.mktemp("burst"), "burst", pod_resources=True) as made:
         for node in made.nodes:
             def identity(node: str = node) -> bool:
                 obj = read_json(kube.core.read_node(node, _preload_content=False))

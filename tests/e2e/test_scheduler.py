@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from scheduler_harness import (
+
+from gpupool_common.handshake import parse_assignment
+from gpupool_common.inventory import parse_inventory
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.fake_pods import create_pods
+from gpupool_devcluster.raw import discard, read_json
+from tests.support.scheduler_harness import (
     SchedulerProcess,
     add_pool_nodes,
     assert_no_oversubscription,
@@ -23,12 +29,6 @@ from scheduler_harness import (
     wait_bound,
     wait_until,
 )
-
-from gpupool_common.handshake import parse_assignment
-from gpupool_common.inventory import parse_inventory
-from gpupool_devcluster.client import ClusterClient
-from gpupool_devcluster.fake_pods import create_pods
-from gpupool_devcluster.raw import discard, read_json
 
 NVLINK_PAIRS = {frozenset(p) for p in ((0, 2), (1, 3), (4, 6), (5, 7))}  # nvlink-pairs.yaml
 

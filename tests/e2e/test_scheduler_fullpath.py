@@ -4,365 +4,62 @@ container) → the plugin's ack → the scheduler's gate.
 
 The nodes here are NOT kwok nodes (kwok would mark their pods Running at once, which opens the
 scheduler's gate before any Allocate). Each runs `gpupool-deviceplugin --fake-nvml l40s-pcie` behind
-the kubelet stand-in of tests/deviceplugin, and `NodeKubelet` below plays the rest of the kubelet: it
-watches the pods bound to its node (field selector spec.nodeName, as the kubelet does), admits each
-in the order its bind arrives through the stand-in's DeviceManager, and marks it Running once the
-plugin's ack is on it (standing in for container start-up, so that the ack, not the phase, is what
-opens the gate). Every moment is recorded as the resourceVersion of the watch event that showed it:
-one etcd revision counter (the dev cluster has a single etcd) orders binds, acks and events exactly,
-with no clocks.
+the kubelet stand-in (tests.support.kubelet_standin), and `NodeKubelet` (tests.support.node_kubelet)
+plays the rest of the kubelet: it admits the pods bound to its node in the order their binds arrive and
+marks them Running once the plugin's ack is on them. Every moment is recorded as the resourceVersion of
+the watch event that showed it: one etcd revision counter orders binds, acks and events exactly, with no
+clocks. The nodes are made by tests.support.plugin_pool.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import tempfile
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
-from deviceplugin.kubelet_standin import Admitted, ContainerRequest, DeviceManager, KubeletStandin, Pod
-from deviceplugin.plugin_process import PluginProcess
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
-from scheduler_harness import (
-    POOL_LABEL,
-    SchedulerProcess,
+
+from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.raw import discard, read_json
+from tests.support.node_kubelet import (
+    GPU,
+    MEM,
+    PodLife,
+    assert_kubelet_got_the_assignment,
+    handshake_of,
+    resource_version,
+)
+from tests.support.plugin_pool import Pool, plugin_pool
+from tests.support.plugin_process import plugin_counter
+from tests.support.scheduler_harness import (
     assert_no_oversubscription,
     events_for,
     list_pods,
     pod,
     start_scheduler,
+    stop_scheduler,
     unique,
     wait_until,
 )
 
-from gpupool_common.handshake import AllocationAck, Assignment, parse_ack, parse_assignment
-from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory
-from gpupool_devcluster.client import ClusterClient
-from gpupool_devcluster.fake_nodes import fake_node_manifest, publication_for_profile
-from gpupool_devcluster.raw import discard, read_json
-from gpupool_deviceplugin.resources import split_memory_unit_id
-
-GPU, MEM = "nvidia.com/gpu", "nvidia.com/gpu-memory"
-PROFILE = "l40s-pcie"  # 4 GPUs, 44 units of 1 GiB each, no MIG
-NODES = 2
 HOSTNAME = "kubernetes.io/hostname"
 
 
-# ---- the kubelet of one node ---------------------------------------------------------------------
-@dataclass
-class PodLife:
-    """What the kubelet of a node saw of one pod, as resourceVersions of the watch events."""
-
-    key: str
-    uid: str
-    bind_rv: int  # first event showing it bound here
-    admitted: dict[str, Admitted] = field(default_factory=dict)
-    error: str | None = None  # admission refused (the kubelet's UnexpectedAdmissionError)
-    ack_rv: int | None = None  # first event with a complete ack on it
-    running: bool = False
-    deleted: bool = False
-
-
-def _rv(obj: dict[str, Any]) -> int:
-    return int(obj["metadata"]["resourceVersion"])
-
-
-def _containers(obj: dict[str, Any]) -> list[ContainerRequest]:
-    """The pod's containers as the devicemanager sees them: init containers first, device requests only."""
-    def one(c: dict[str, Any], init: bool) -> ContainerRequest:
-        limits = (c.get("resources") or {}).get("limits") or {}
-        requests = {r: int(limits[r]) for r in (GPU, MEM) if int(limits.get(r, 0) or 0) > 0}
-        return ContainerRequest(c["name"], requests, init=init, sidecar=init and c.get("restartPolicy") == "Always")
-
-    spec = obj["spec"]
-    return [one(c, True) for c in spec.get("initContainers") or ()] + [one(c, False) for c in spec["containers"]]
-
-
-def _identity(obj: dict[str, Any]) -> Pod:
-    """The pod as the kubelet's pod manager knows it (what PodResources List answers with)."""
-    meta = obj["metadata"]
-    created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00")).timestamp()
-    return Pod(meta["namespace"], meta["name"], meta["uid"], created, tuple(_containers(obj)))
-
-
-class NodeKubelet:
-    """Admits the pods bound to `node`, one at a time in the order their binds arrive."""
-
-    def __init__(self, kube: ClusterClient, node: str, standin: KubeletStandin) -> None:
-        self.kube = kube
-        self.node = node
-        self.standin = standin
-        self.dm: DeviceManager | None = None
-        self.pods: dict[str, PodLife] = {}
-        self.order: list[str] = []  # admission order (pod keys)
-        self.hold_running = False  # while set, acked pods stay Pending (see test_same_shape...)
-        self.hold_admission = False  # while set, bound pods wait unadmitted (release_admission())
-        self._held: list[tuple[PodLife, dict[str, Any]]] = []
-        self.failure: str | None = None  # the loop itself broke
-        self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self._resp: Any = None
-        self._thread = threading.Thread(target=self._run, name=f"kubelet-{node}", daemon=True)
-
-    def start(self) -> None:
-        self.dm = DeviceManager(self.standin, [GPU, MEM])
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        resp = self._resp
-        if resp is not None:
-            resp.shutdown()  # urllib3: unblocks the reader's socket read
-        self._thread.join(timeout=5)
-        if self.dm is not None:
-            self.dm.close()
-
-    # ---- the watch ----------------------------------------------------------------------------
-    def _run(self) -> None:
-        selector = f"spec.nodeName={self.node}"
-        version: str | None = None
-        try:
-            while not self._stop.is_set():
-                if version is None:
-                    listing = read_json(self.kube.core.list_pod_for_all_namespaces(
-                        field_selector=selector, _preload_content=False))
-                    for obj in sorted(listing["items"], key=_rv):
-                        self._handle("ADDED", obj)
-                    version = listing["metadata"]["resourceVersion"]
-                self._resp = self.kube.core.list_pod_for_all_namespaces(
-                    field_selector=selector, watch=True, resource_version=version, allow_watch_bookmarks=True,
-                    timeout_seconds=300, _preload_content=False)
-                try:
-                    for line in iter_resp_lines(self._resp):
-                        event = json.loads(line)
-                        kind, obj = event["type"], event["object"]
-                        if kind == "ERROR":
-                            version = None  # 410 Gone: list again
-                            break
-                        version = obj["metadata"]["resourceVersion"]
-                        if kind != "BOOKMARK" and not self._stop.is_set():
-                            self._handle(kind, obj)
-                finally:
-                    self._resp.release_conn()
-        except Exception as exc:
-            if not self._stop.is_set():
-                with self._cond:
-                    self.failure = f"kubelet loop of {self.node} failed: {exc!r}"
-                    self._cond.notify_all()
-
-    def _handle(self, kind: str, obj: dict[str, Any]) -> None:
-        meta, status = obj["metadata"], obj.get("status") or {}
-        uid, key = meta["uid"], f"{meta['namespace']}/{meta['name']}"
-        with self._cond:
-            life = self.pods.get(uid)
-            if kind == "DELETED" or status.get("phase") in ("Succeeded", "Failed"):
-                if life is not None and not life.deleted:
-                    life.deleted = True
-                    assert self.dm is not None
-                    self.dm.remove(_identity(obj))  # frees its devices and leaves the pod manager
-                    self._cond.notify_all()
-                return
-            if life is None:
-                if status.get("phase", "Pending") != "Pending":
-                    return  # not a new pod for admission (e.g. listed after a restart)
-                life = self.pods[uid] = PodLife(key, uid, _rv(obj))
-                if self.hold_admission:
-                    self._held.append((life, obj))
-                else:
-                    self.order.append(key)
-                    self._admit(life, obj)
-                self._cond.notify_all()
-                return
-            ack = parse_ack(meta.get("annotations"))
-            if life.ack_rv is None and ack is not None and ack.complete and ack.pod_uid == uid:
-                life.ack_rv = _rv(obj)
-                self._cond.notify_all()
-            if life.ack_rv is not None and not life.running and not self.hold_running:
-                self._mark_running(life, obj)
-
-    def _admit(self, life: PodLife, obj: dict[str, Any]) -> None:
-        assert self.dm is not None
-        try:
-            life.admitted = self.dm.admit(_identity(obj))
-        except grpc.RpcError as exc:
-            life.error = f"{exc.code().name}: {exc.details()}"
-        except AssertionError as exc:  # the stand-in found too few healthy devices
-            life.error = str(exc)
-        if life.error is not None:
-            self._patch_status(obj, {"phase": "Failed", "reason": "UnexpectedAdmissionError",
-                                     "message": f"Allocate failed: {life.error}"})
-
-    def _mark_running(self, life: PodLife, obj: dict[str, Any]) -> None:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        conditions = [{"type": t, "status": "True", "lastTransitionTime": now}
-                      for t in ("Initialized", "ContainersReady", "Ready")]
-        statuses = [{"name": c["name"], "image": c["image"], "imageID": "", "ready": True, "started": True,
-                     "restartCount": 0, "state": {"running": {"startedAt": now}}} for c in obj["spec"]["containers"]]
-        self._patch_status(obj, {"phase": "Running", "startTime": now, "conditions": conditions,
-                                 "containerStatuses": statuses})
-        life.running = True
-
-    def _patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
-        meta = obj["metadata"]
-        try:
-            discard(self.kube.core.patch_namespaced_pod_status(
-                meta["name"], meta["namespace"], {"status": status}, _preload_content=False))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-    # ---- for the test thread ------------------------------------------------------------------
-    def release_running(self) -> None:
-        """Stop holding acked pods Pending: mark them Running now."""
-        with self._cond:
-            self.hold_running = False
-            for life in self.pods.values():
-                if life.ack_rv is not None and not life.running and not life.deleted:
-                    ns, name = life.key.split("/")
-                    obj = read_json(self.kube.core.read_namespaced_pod(name, ns, _preload_content=False))
-                    self._mark_running(life, obj)
-
-    def release_admission(self, reverse: bool = False) -> None:
-        """Admit the held pods now, in the order their binds arrived (or the reverse), and stop holding."""
-        with self._cond:
-            self.hold_admission = False
-            held, self._held = self._held, []
-            if reverse:
-                held.reverse()
-            for life, obj in held:
-                self.order.append(life.key)
-                self._admit(life, obj)
-            self._cond.notify_all()
-
-    def held_keys(self) -> list[str]:
-        """Pods bound here and not yet admitted, in the order their binds arrived."""
-        with self._cond:
-            return [life.key for life, _ in self._held]
-
-    def lives(self) -> list[PodLife]:
-        with self._cond:
-            assert self.failure is None, self.failure
-            return [PodLife(**vars(p)) for p in self.pods.values()]
-
-    def idle(self) -> bool:
-        """Nothing of an earlier test left: every pod gone, every device Healthy again on the plugin's lists."""
-        assert self.dm is not None
-        return all(p.deleted for p in self.lives()) and all(
-            not w.latest().unhealthy() for w in self.dm.watches.values())
-
-
 # ---- fixtures: nodes with a plugin and a kubelet each ------------------------------------------
-@dataclass
-class PluginNode:
-    name: str
-    plugin: PluginProcess
-    standin: KubeletStandin
-    kubelet: NodeKubelet
-
-
-@dataclass
-class Pool:
-    name: str
-    nodes: dict[str, PluginNode]
-
-    def kubelets(self) -> list[NodeKubelet]:
-        return [n.kubelet for n in self.nodes.values()]
-
-    def life(self, key: str) -> PodLife:
-        found = [p for k in self.kubelets() for p in k.lives() if p.key == key]
-        assert len(found) == 1, f"{key}: seen by {len(found)} kubelets"
-        return found[0]
-
-    def wait_acked(self, keys: set[str], timeout_s: float = 30.0) -> None:
-        """Every pod bound to a plugin node, admitted without error and acknowledged by the plugin."""
-        def seen() -> dict[str, PodLife]:
-            return {p.key: p for k in self.kubelets() for p in k.lives() if p.key in keys}
-
-        def done() -> bool:
-            lives = seen()
-            return any(p.error for p in lives.values()) or (
-                set(lives) == keys and all(p.ack_rv is not None for p in lives.values()))
-
-        try:
-            wait_until(done, timeout_s, "every pod acknowledged", interval=0.05)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; the kubelets saw {seen()}") from None
-        errors = {k: p.error for k, p in seen().items() if p.error}
-        assert not errors, f"admission refused: {errors}"
-
-
-def _create_node(kube: ClusterClient, name: str, pool: str, pod_identity: bool) -> None:
-    """The Node a kubelet + our plugin would register, without kwok's annotation."""
-    published = publication_for_profile(PROFILE, node_name=name, pod_identity=pod_identity)
-    body = fake_node_manifest(name, PROFILE, published)
-    body["metadata"]["annotations"].pop("kwok.x-k8s.io/node")
-    body["metadata"]["labels"][POOL_LABEL] = pool
-    discard(kube.core.create_node(body=body, _preload_content=False))
-
-
 @pytest.fixture(scope="module")
 def pool(kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     """Plugins without the kubelet's PodResources: the scheduler's gate keeps same-shape pods apart."""
-    with _plugin_pool(kube, tmp_path_factory, "full", pod_resources=False) as made:
+    with plugin_pool(kube, tmp_path_factory.mktemp("full"), "full", pod_resources=False) as made:
         yield made
 
 
 @pytest.fixture(scope="module")
 def identity_pool(kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     """Plugins that read the kubelet's PodResources: they publish pod_identity, no gate is held."""
-    with _plugin_pool(kube, tmp_path_factory, "ident", pod_resources=True) as made:
+    with plugin_pool(kube, tmp_path_factory.mktemp("ident"), "ident", pod_resources=True) as made:
         yield made
-
-
-@contextlib.contextmanager
-def _plugin_pool(
-    kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory, prefix: str, *, pod_resources: bool
-) -> Iterator[Pool]:
-    name = unique(prefix)
-    work = tmp_path_factory.mktemp(prefix)
-    nodes: dict[str, PluginNode] = {}
-    dirs: list[tempfile.TemporaryDirectory[str]] = []
-    created: list[str] = []
-    try:
-        for i in range(NODES):
-            node = f"{name}-n{i}"
-            _create_node(kube, node, name, pod_identity=pod_resources)
-            created.append(node)
-            d = tempfile.TemporaryDirectory(prefix="gpk-")  # unix socket paths: keep it short
-            dirs.append(d)
-            kubelet_dir = Path(d.name) / "device-plugins"  # PodResources beside it: <d>/pod-resources
-            kubelet_dir.mkdir()
-            standin = KubeletStandin(kubelet_dir, pod_resources=pod_resources)
-            standin.start()
-            plugin = PluginProcess(work, kubelet_dir, PROFILE, node=node, kubeconfig=kube.kubeconfig).start()
-            nodes[node] = PluginNode(node, plugin, standin, NodeKubelet(kube, node, standin))
-        for n in nodes.values():
-            n.standin.wait_registered({GPU, MEM}, timeout=30)
-            n.plugin.wait_healthz(200, timeout=30)
-            n.kubelet.start()
-        yield Pool(name, nodes)
-    finally:
-        for n in nodes.values():
-            n.kubelet.stop()
-            n.plugin.stop()
-            n.standin.stop()
-        for d in dirs:
-            d.cleanup()
-        for node in created:
-            try:
-                discard(kube.core.delete_node(node, _preload_content=False))
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
 
 
 @pytest.fixture
@@ -399,51 +96,12 @@ def one_gpu_on(node: str, pod_name: str, scheduler: str, pool: Pool, priority_cl
     return m
 
 
-def _handshake(p: dict[str, Any]) -> tuple[Assignment, AllocationAck]:
-    annotations = p["metadata"].get("annotations")
-    assignment, ack = parse_assignment(annotations), parse_ack(annotations)
-    key = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
-    assert assignment is not None, f"{key}: bound without an assignment"
-    assert ack is not None and ack.complete and not ack.error, f"{key}: ack {ack}"
-    assert assignment.node == ack.node == p["spec"]["nodeName"], f"{key}: {assignment.node} / {ack.node}"
-    assert assignment.pod_uid == ack.pod_uid == p["metadata"]["uid"], key
-    return assignment, ack
-
-
-def assert_kubelet_got_the_assignment(p: dict[str, Any], life: PodLife) -> None:
-    """Per container: the ack's devices are the assignment's (whole GPUs exactly; memory units all on
-    the assigned GPU, as many as assigned) and exactly what the kubelet's Allocate was given, and the
-    Allocate response points the container at those GPUs."""
-    key = life.key
-    assignment, ack = _handshake(p)
-    assert set(ack.containers) == {c.name for c in assignment.containers}, f"{key}: {ack.containers}"
-    for c in assignment.containers:
-        acked, admitted = ack.containers[c.name], life.admitted[c.name]
-        assert set(acked) == set(admitted.devices), f"{key}/{c.name}: ack {acked}, kubelet {admitted.devices}"
-        for resource, ids in acked.items():
-            assert sorted(ids) == sorted(admitted.devices[resource]), f"{key}/{c.name}: ack {ids}, kubelet " \
-                                                                      f"{admitted.devices[resource]}"
-            env = admitted.responses[resource].envs
-            visible = set(env["NVIDIA_VISIBLE_DEVICES"].split(","))
-            if resource == MEM:
-                assert c.memory is not None, f"{key}/{c.name}: memory units without a memory assignment"
-                gpus = {(split_memory_unit_id(u) or ("not a unit: " + u,))[0] for u in ids}
-                assert gpus == {c.memory.gpu}, f"{key}/{c.name}: units on {gpus}, assigned {c.memory.gpu}"
-                assert len(ids) == c.memory.units, f"{key}/{c.name}: {len(ids)} units, assigned {c.memory.units}"
-                assert visible == {c.memory.gpu}, f"{key}/{c.name}: NVIDIA_VISIBLE_DEVICES {visible}"
-                assert env["GPUPOOL_MEMORY_LIMIT_MIB"] == str(c.memory.units * c.memory.unit_mib)
-            else:
-                assert sorted(ids) == sorted(c.devices[resource]), f"{key}/{c.name}: got {ids}, " \
-                                                                   f"assigned {c.devices[resource]}"
-                assert visible == set(ids), f"{key}/{c.name}: NVIDIA_VISIBLE_DEVICES {visible}, allocated {ids}"
-
-
 def assert_gate_held(pods: list[dict[str, Any]], pool: Pool) -> None:
     """docs/handshake.md rule 4 as the kubelets saw it: on a node, a pod sharing a shape with an earlier
     bound pod is bound only after that pod's ack."""
     by_node: dict[str, list[tuple[PodLife, set[tuple[str, int]]]]] = {}
     for p in pods:
-        assignment, _ = _handshake(p)
+        assignment, _ = handshake_of(p)
         by_node.setdefault(p["spec"]["nodeName"], []).append((pool.life(f"{p['metadata']['namespace']}/"
                                                                          f"{p['metadata']['name']}"),
                                                                assignment.shapes()))
@@ -457,29 +115,11 @@ def assert_gate_held(pods: list[dict[str, Any]], pool: Pool) -> None:
                         f"{earlier.key}'s ack (rv {earlier.ack_rv}, bound at {earlier.bind_rv})")
 
 
-def plugin_counter(plugin: PluginProcess, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` on the plugin's /metrics whose labels include `labels`."""
-    _, text = plugin.http("/metrics")
-    total = 0.0
-    for line in text.splitlines():
-        head, _, value = line.rpartition(" ")
-        if line.startswith("#") or head.split("{")[0] != name:
-            continue
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
-
-
 def preferred_sources(pool: Pool) -> dict[str, float]:
     """GetPreferredAllocation answers of every plugin of the pool, by source (assignment / topology)."""
     name = "gpupool_deviceplugin_preferred_allocations_total"
     return {src: sum(plugin_counter(n.plugin, name, source=src) for n in pool.nodes.values())
             for src in ("assignment", "topology")}
-
-
-def stop_scheduler(proc: SchedulerProcess) -> None:
-    proc.stop()
-    assert proc.process.returncode == 0, f"scheduler exited with {proc.process.returncode}:\n{proc.tail()}"
 
 
 # ---- the tests ------------------------------------------------------------------------------------
@@ -512,7 +152,7 @@ def test_pods_get_exactly_their_assigned_devices_through_the_plugin(
         whole = {n: 0 for n in pool.nodes}
         units = {n: 0 for n in pool.nodes}
         for p in pods:
-            _, ack = _handshake(p)
+            _, ack = handshake_of(p)
             for devices in ack.containers.values():
                 whole[ack.node] += len(devices.get(GPU, ()))
                 units[ack.node] += len(devices.get(MEM, ()))
@@ -556,7 +196,7 @@ def test_same_shape_pods_created_a_b_are_bound_b_then_a_behind_the_gate(
         namespace, one_gpu_on(node, "a", name, pool, low), _preload_content=False))
     created_b = read_json(kube.core.create_namespaced_pod(
         namespace, one_gpu_on(node, "b", name, pool, high), _preload_content=False))
-    assert _rv(created_a) < _rv(created_b)
+    assert resource_version(created_a) < resource_version(created_b)
     a, b = f"{namespace}/a", f"{namespace}/b"
     proc = start_scheduler(kube, name, log_dir, "--gate-timeout", "60")
     try:
@@ -577,8 +217,9 @@ def test_same_shape_pods_created_a_b_are_bound_b_then_a_behind_the_gate(
         event_a = wait_until(lambda: scheduled("a"), 15, "a's Scheduled event", interval=0.1)
         event_b = wait_until(lambda: scheduled("b"), 15, "b's Scheduled event", interval=0.1)
         assert node in event_a["message"] and node in event_b["message"]
-        assert _rv(event_b) < _rv(event_a), "Scheduled events in the creation order, not B then A"
-        assert _rv(event_a) > b_acked, "a's Scheduled event before b's ack"
+        assert resource_version(event_b) < resource_version(event_a), (
+            "Scheduled events in the creation order, not B then A")
+        assert resource_version(event_a) > b_acked, "a's Scheduled event before b's ack"
 
         pods = {p["metadata"]["name"]: p for p in list_pods(kube, namespace)}
         gpus = {}
@@ -586,7 +227,7 @@ def test_same_shape_pods_created_a_b_are_bound_b_then_a_behind_the_gate(
             p = pods[pod_name]
             assert p["spec"]["nodeName"] == node
             assert_kubelet_got_the_assignment(p, life)
-            assignment, ack = _handshake(p)
+            assignment, ack = handshake_of(p)
             (gpu,) = assignment.containers[0].devices[GPU]
             assert ack.containers["main"][GPU] == (gpu,), f"{pod_name}: assigned {gpu}, acked {ack.containers}"
             gpus[pod_name] = gpu
@@ -645,7 +286,7 @@ def test_same_shape_pods_are_pending_together_where_the_plugin_knows_pod_identit
             p = pods[pod_name]
             assert p["spec"]["nodeName"] == node
             assert_kubelet_got_the_assignment(p, pool.life(key))
-            assignment, ack = _handshake(p)
+            assignment, ack = handshake_of(p)
             (gpu,) = assignment.containers[0].devices[GPU]
             assert ack.containers["main"][GPU] == (gpu,), f"{pod_name}: assigned {gpu}, acked {ack.containers}"
             gpus[pod_name] = gpu

@@ -9,8 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from faultproxy import proxy_for
-from scheduler_harness import (
+
+from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.fake_pods import create_pods
+from tests.support.faultproxy import proxy_for
+from tests.support.scheduler_harness import (
     SchedulerProcess,
     add_pool_nodes,
     assert_no_oversubscription,
@@ -23,9 +26,6 @@ from scheduler_harness import (
     wait_bound,
     wait_until,
 )
-
-from gpupool_devcluster.client import ClusterClient
-from gpupool_devcluster.fake_pods import create_pods
 
 
 @pytest.fixture

@@ -23,16 +23,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.utils import parse_quantity
-from scheduler_harness import (
-    POOL_LABEL,
-    SchedulerProcess,
-    add_pool_nodes,
-    device_use,
-    pod,
-    start_scheduler,
-    unique,
-    wait_bound,
-)
 
 from gpupool_common.inventory import NodeInventory, parse_inventory
 from gpupool_devcluster.client import ClusterClient
@@ -44,6 +34,16 @@ from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.fragmentation import cluster_fragmentation_milli
 from gpupool_sched.placement.workload import default_prior
+from tests.support.scheduler_harness import (
+    POOL_LABEL,
+    SchedulerProcess,
+    add_pool_nodes,
+    device_use,
+    pod,
+    start_scheduler,
+    unique,
+    wait_bound,
+)
 
 BIN = Path(sys.executable).parent
 READ_RULES = [

@@ -272,7 +272,7 @@ def test_a_bind_cut_off_while_its_binding_is_on_the_wire_keeps_the_gpus_until_re
     Binding lands (issue 16 A2). Before, the cancelled bind forgot the pod at once."""
     from gpupool_sched.extender.protocol import BindingArgs
     from gpupool_sched.scheduler.state import Phase
-    from tests.scheduler.apiserver import PODS, serving
+    from tests.support.apiserver import PODS, serving
 
     async def run() -> None:
         async with serving() as (api_server, api):

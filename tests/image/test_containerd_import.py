@@ -18,7 +18,7 @@ import pytest
 
 from gpupool_devcluster.errors import DevClusterError
 from gpupool_devcluster.oci import import_image
-from image.test_image import ARCHIVE, REPO, VERSION, require_or_skip
+from tests.support.image import ARCHIVE, REPO, VERSION, require_or_skip
 
 
 def _missing() -> str | None:

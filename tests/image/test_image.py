@@ -10,16 +10,13 @@ import os
 import shutil
 import subprocess
 import tarfile
-import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-ARCHIVE = REPO / "out" / "image" / f"gpupool-{VERSION}.oci.tar"
+from tests.support.image import ARCHIVE, REPO, require_or_skip
 
 
 def _missing() -> str | None:
@@ -30,14 +27,6 @@ def _missing() -> str | None:
     if not ARCHIVE.is_file():
         return f"needs the image: {ARCHIVE.relative_to(REPO)} is missing (run `make image` as root)"
     return None
-
-
-def require_or_skip(reason: str | None) -> None:
-    if reason is None:
-        return
-    if os.environ.get("GPUPOOL_IMAGE_TESTS") == "required":
-        pytest.fail(f"GPUPOOL_IMAGE_TESTS=required but the image test {reason}")
-    pytest.skip(reason)
 
 
 def unpack(archive: Path, dest: Path) -> dict:

@@ -1,5 +1,5 @@
 """A Binding whose answer is lost: the scheduler keeps the pod's devices until a read of the pod says
-whether it landed (issue 16 A2). The service talks HTTP to tests/scheduler/apiserver.py, which commits
+whether it landed (issue 16 A2). The service talks HTTP to tests/support/apiserver.py, which commits
 Bindings and then loses the answer on command (a 5xx, a dropped connection)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from gpupool_sched.scheduler.binder import definitely_unbound
 from gpupool_sched.scheduler.kubeapi import ApiError
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
 from gpupool_sched.scheduler.state import Phase
-from tests.scheduler.apiserver import PODS, ApiServer, serving, settle
-from tests.scheduler.test_state import bump, node_obj, pod_obj
+from tests.support.apiserver import PODS, ApiServer, serving, settle
+from tests.support.objects import bump, node_obj, pod_obj
 
 
 async def run_service(test: Callable[[SchedulerService, ApiServer], Awaitable[None]]) -> None:

@@ -2,35 +2,19 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.support.kubeconfigs import token_kubeconfig
+from tests.support.ports import free_port
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpupool_sched", *args], capture_output=True, text=True,
                           timeout=60, env=env)
-
-
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def kubeconfig(tmp_path: Path, server: str) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))
-    return path
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -58,8 +42,8 @@ def test_bad_flags(args: list[str], words: str) -> None:
 
 
 def test_unreachable_api_server(tmp_path: Path) -> None:
-    server = f"https://127.0.0.1:{unused_port()}"
-    line = one_error_line(run("--kubeconfig", str(kubeconfig(tmp_path, server)), "--metrics-port", "0"))
+    server = f"https://127.0.0.1:{free_port()}"
+    line = one_error_line(run("--kubeconfig", str(token_kubeconfig(tmp_path, server)), "--metrics-port", "0"))
     assert f"cannot reach the API server at {server}" in line
 
 

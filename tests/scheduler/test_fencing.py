@@ -13,8 +13,8 @@ import pytest
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.leader import FENCE_MARGIN_S, LeaderElector
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
-from tests.scheduler.apiserver import PODS, ApiServer, serving, settle
-from tests.scheduler.test_state import node_obj, pod_obj
+from tests.support.apiserver import PODS, ApiServer, serving, settle
+from tests.support.objects import node_obj, pod_obj
 
 
 def test_the_write_window_ends_before_a_standby_may_take_the_lease() -> None:

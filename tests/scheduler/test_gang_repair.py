@@ -10,8 +10,8 @@ from typing import Any
 
 from gpupool_sched.scheduler.gangs import POD_GROUP_LABEL
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
-from tests.scheduler.apiserver import PODS, ApiServer, serving, settle
-from tests.scheduler.test_state import node_obj, pod_obj
+from tests.support.apiserver import PODS, ApiServer, serving, settle
+from tests.support.objects import node_obj, pod_obj
 
 
 def member(name: str, gpus: int) -> dict[str, Any]:

@@ -4,80 +4,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
-from typing import Any
 
 import pytest
-from aiohttp import web
 from kubernetes import client
 
 from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """Records every request; answers with the next canned (status, body), else 201 {}."""
-
-    def __init__(self) -> None:
-        self.seen: list[dict[str, Any]] = []
-        self.answers: list[tuple[int, dict[str, Any]]] = []
-        self.delay_s = 0.0
-        self.hold: asyncio.Event | None = None  # set: requests whose path has "bindings" wait for it
-        self.on_wire = 0
-        self.most_on_wire = 0
-
-    async def handle(self, request: web.Request) -> web.Response:
-        self.on_wire += 1
-        self.most_on_wire = max(self.most_on_wire, self.on_wire)
-        try:
-            await asyncio.sleep(self.delay_s)
-            if self.hold is not None and "bindings" in request.raw_path:
-                await self.hold.wait()
-        finally:
-            self.on_wire -= 1
-        self.seen.append({"method": request.method, "path": request.raw_path, "headers": dict(request.headers),
-                          "body": json.loads(await request.read())})
-        status, body = self.answers.pop(0) if self.answers else (201, {})
-        return web.json_response(body, status=status)
-
-
-async def _with_server(test: Any, **api_args: Any) -> None:
-    server = Server()
-    app = web.Application()
-    async def route(request: web.Request) -> web.Response:
-        return await server.handle(request)  # looked up per request: a test may replace it
-
-    app.router.add_route("*", "/{tail:.*}", route)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = _free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    refreshed: list[int] = []
-    cfg = client.Configuration(host=f"http://127.0.0.1:{port}")
-    cfg.api_key = {"BearerToken": "token-0"}
-    cfg.api_key_prefix = {"BearerToken": "Bearer"}
-
-    def refresh(c: client.Configuration) -> None:  # a rotating token, as in-cluster
-        refreshed.append(1)
-        c.api_key["BearerToken"] = f"token-{len(refreshed)}"
-
-    cfg.refresh_api_key_hook = refresh
-    api = KubeApi(client.ApiClient(cfg), component="gpupool-test", **api_args)
-    try:
-        await test(api, server)
-    finally:
-        api.close()
-        await runner.cleanup()
+from tests.support.ports import free_port
+from tests.support.recording_server import RecordingServer, with_recording_server
 
 
 def test_writes_carry_method_path_content_type_body_and_a_fresh_token() -> None:
-    async def test(api: KubeApi, server: Server) -> None:
+    async def test(api: KubeApi, server: RecordingServer) -> None:
         await api.bind("team-a", "p-1", "uid-1", "node-7", {"gpupool.io/assignment": "{}"})
         await api.set_unschedulable("team-a", "p-1", "0/3 nodes are available")
         await api.evict("team-a", "p 2", "uid-2", 30)
@@ -98,11 +35,11 @@ def test_writes_carry_method_path_content_type_body_and_a_fresh_token() -> None:
         # the token is asked for per request (the refresh hook), so a rotated one is used at once
         assert [s["headers"]["Authorization"] for s in server.seen] == [f"Bearer token-{i}" for i in (1, 2, 3, 4)]
 
-    asyncio.run(_with_server(test))
+    asyncio.run(with_recording_server(test))
 
 
 def test_a_refusal_becomes_an_api_error_with_the_servers_reason_and_message() -> None:
-    async def test(api: KubeApi, server: Server) -> None:
+    async def test(api: KubeApi, server: RecordingServer) -> None:
         server.answers.append((409, {"kind": "Status", "reason": "Conflict",
                                      "message": 'pod p-1 is already assigned to node "n2"'}))
         with pytest.raises(ApiError) as err:
@@ -115,12 +52,12 @@ def test_a_refusal_becomes_an_api_error_with_the_servers_reason_and_message() ->
         assert (err.value.status, err.value.kind) == (429, "throttled")
         await api.bind("team-a", "p-3", "uid-3", "node-7", {})  # the connection pool still works
 
-    asyncio.run(_with_server(test))
+    asyncio.run(with_recording_server(test))
 
 
 def test_no_server_is_an_api_error_with_status_0() -> None:
     async def test() -> None:
-        cfg = client.Configuration(host=f"http://127.0.0.1:{_free_port()}")
+        cfg = client.Configuration(host=f"http://127.0.0.1:{free_port()}")
         api = KubeApi(client.ApiClient(cfg))
         try:
             with pytest.raises(ApiError) as err:
@@ -138,20 +75,20 @@ def test_a_burst_waits_for_its_turn_before_its_timeout_starts(monkeypatch: pytes
     goes on the wire, or the tail of a burst would fail without ever having been sent."""
     monkeypatch.setattr("gpupool_sched.scheduler.kubeapi.REQUEST_TIMEOUT_S", 0.5)
 
-    async def test(api: KubeApi, server: Server) -> None:
+    async def test(api: KubeApi, server: RecordingServer) -> None:
         server.delay_s = 0.2
         await asyncio.gather(*(api.bind("team-a", f"p-{i}", f"uid-{i}", "node-7", {}) for i in range(12)))
         assert len(server.seen) == 12  # 6 rounds of 0.2 s behind 2 connections: 1.2 s, over the 0.5 s limit
         assert server.most_on_wire == 2
 
-    asyncio.run(_with_server(test, workers=2))
+    asyncio.run(with_recording_server(test, workers=2))
 
 
 def test_reports_on_their_own_lane_do_not_wait_behind_binds() -> None:
     """Every main-lane thread is stuck in a Binding and more Bindings are queued behind them: an Event
     and a PodScheduled condition posted through the reports lane still go out, and the binds follow."""
 
-    async def test(api: KubeApi, server: Server) -> None:
+    async def test(api: KubeApi, server: RecordingServer) -> None:
         server.hold = asyncio.Event()
         reports = api.lane(1)
         binds = [asyncio.ensure_future(api.bind("team-a", f"p-{i}", f"uid-{i}", "node-7", {})) for i in range(6)]
@@ -167,4 +104,4 @@ def test_reports_on_their_own_lane_do_not_wait_behind_binds() -> None:
         await asyncio.gather(*binds)
         assert len(server.seen) == 8
 
-    asyncio.run(_with_server(test, workers=2))
+    asyncio.run(with_recording_server(test, workers=2))

@@ -10,7 +10,8 @@ from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory
 from gpupool_sched.scheduler.metrics import GPU_STATES, SchedulerMetrics, gpu_states
 from gpupool_sched.scheduler.queue import QueuedPod, SchedulingQueue
 from gpupool_sched.scheduler.state import ClusterState
-from scheduler.test_state import node_obj, pod_obj, schedule
+from tests.support.objects import node_obj, pod_obj
+from tests.support.scheduler_state import schedule
 
 
 def with_unhealthy(obj: dict, *indices: int) -> dict:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpupool_sched.framework.actions import evictions
-from scheduler.decision_record import World
+from tests.support.decision_record import World
 
 
 class Gate:

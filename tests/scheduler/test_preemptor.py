@@ -23,7 +23,8 @@ from gpupool_sched.scheduler.preemptor import (
 )
 from gpupool_sched.scheduler.queue import QueuedPod, SchedulingQueue
 from gpupool_sched.scheduler.state import ClusterState, Phase
-from scheduler.test_state import bump, free_gpus, node_obj, pod_obj
+from tests.support.objects import bump, node_obj, nominated, pod_obj, terminating
+from tests.support.scheduler_state import free_gpus
 
 
 def prio_pod(name: str, priority: int, *, gpus: int = 1, node: str | None = None, scheduler: str = "other",
@@ -400,20 +401,6 @@ def test_a_pod_preempts_at_most_max_preemptions_times(world: World) -> None:
 def hold_90s(victims: set[str]) -> float:
     """An adopted nomination's hold: 90 s whatever its victims."""
     return 90.0
-
-
-def nominated(obj: dict[str, Any], node: str | None) -> dict[str, Any]:
-    out = bump(obj)
-    out.setdefault("status", {})["nominatedNodeName"] = node
-    return out
-
-
-def terminating(obj: dict[str, Any], grace_s: int | None = None) -> dict[str, Any]:
-    out = bump(obj)
-    out["metadata"]["deletionTimestamp"] = "2026-12-01T11:00:00Z"
-    if grace_s is not None:
-        out["metadata"]["deletionGracePeriodSeconds"] = grace_s
-    return out
 
 
 def n1_victims(world: World) -> list[str]:

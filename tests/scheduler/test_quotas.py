@@ -16,7 +16,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, start_wsgi_server
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import eventually
 
 from gpupool_sched.kube.watch import build_registry
 from gpupool_sched.model.decision import Placement
@@ -36,29 +35,13 @@ from gpupool_sched.scheduler.quotas import (
 )
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
 from gpupool_sched.scheduler.state import ClusterState
+from tests.support.objects import bump, node_obj, nominated, ns_obj, pod_obj, quota_obj, team_spec, terminating
+from tests.support.waiting import eventually
 
 if TYPE_CHECKING:
     from gpupool_devcluster.client import ClusterClient
 
 GB = 1024
-
-
-def quota_obj(name: str, spec: dict[str, Any], *, generation: int = 1, uid: str = "u1",
-              status: dict[str, Any] | None = None) -> dict[str, Any]:
-    obj: dict[str, Any] = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuQuota",
-                           "metadata": {"name": name, "uid": uid, "generation": generation}, "spec": spec}
-    if status is not None:
-        obj["status"] = status
-    return obj
-
-
-def team_spec(team: str, gpus: int, units: int = 0, borrow: int = 0, borrow_units: int = 0) -> dict[str, Any]:
-    return {"namespaceSelector": {"matchLabels": {"team": team}}, "guaranteed": {"gpus": gpus, "memoryUnits": units},
-            "borrowingLimit": {"gpus": borrow, "memoryUnits": borrow_units}}
-
-
-def ns_obj(name: str, **labels: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": labels}}
 
 
 def plan(namespace: str, name: str, *, gpus: int = 0, units: int = 0, priority: int = 0) -> PodPlan:
@@ -298,6 +281,7 @@ def _create(custom: client.CustomObjectsApi, name: str, spec: dict[str, Any], ma
     made.append(name)
 
 
+@pytest.mark.e2e  # the real API server: the session's dev cluster
 def test_status_on_the_api_server(kube: ClusterClient, namespace: str, quotas_api: client.CustomObjectsApi) -> None:
     tag = uuid.uuid4().hex[:6]
     kube.core.patch_namespace(namespace, {"metadata": {"labels": {"gpupool.io/test-team": tag}}})
@@ -387,7 +371,6 @@ class RecordingApi(KubeApi):
 def service_pod(name: str, namespace: str, *, gpus: int = 1, node: str | None = None, priority: int = 0,
                 group: str | None = None, scheduler: str = "gpupool") -> dict[str, Any]:
     from gpupool_sched.scheduler.gangs import POD_GROUP_LABEL
-    from scheduler.test_state import pod_obj
 
     obj = pod_obj(name, gpus=gpus, node=node, scheduler=scheduler, phase="Running" if node else "Pending")
     obj["metadata"]["namespace"] = namespace
@@ -402,8 +385,6 @@ class Service:
 
     def __init__(self, nodes: dict[str, str], quotas: tuple[dict[str, Any], ...],
                  namespaces: tuple[dict[str, Any], ...]) -> None:
-        from scheduler.test_state import node_obj
-
         self.api = RecordingApi()
         self.svc = SchedulerService(SchedulerConfig(), self.api)
         for name, profile in nodes.items():
@@ -420,8 +401,6 @@ class Service:
             self.svc.on_pod("ADDED", obj)
 
     def delete(self, name: str) -> None:
-        from scheduler.test_state import bump
-
         self.svc.on_pod("DELETED", bump(self.pods[name]))
 
     async def run(self, limit: int = 100) -> int:
@@ -515,8 +494,6 @@ def test_incremental_usage_always_equals_a_full_recount(steps: list[tuple[int, i
     """Issue 16 A9: random sequences of assume / bind / confirm / forget / delete / preempt (victims turning
     into holds) / quota and namespace changes: after every step, usage() (kept as the ledger changes)
     equals recount() (the whole ledger counted again, as usage() did before)."""
-    from scheduler.test_state import bump, node_obj
-
     state = ClusterState("gpupool")
     state.apply_node(node_obj("n1", "dgx-h100"))
     state.apply_node(node_obj("n2", "dgx-h100"))
@@ -642,8 +619,6 @@ def test_a_new_leader_adopts_a_reclaims_victims_whatever_their_priority() -> Non
     (priority 0) and set its nominatedNodeName. The new leader holds what those victims free for b's pod,
     although they are of higher priority (before: only lower-priority victims were adopted, so a pod of
     an unlimited namespace took the room and b preempted again)."""
-    from scheduler.test_preemptor import nominated, terminating
-
     world = lent_node()
 
     async def scenario() -> None:

@@ -2,7 +2,7 @@
 `decision_record.SCENARIOS` (lone pods, gangs, preemption, quota reclaim) runs through the real
 `SchedulerService` and its record (bindings with their devices, Unschedulable messages, evictions and
 for whom, nominations, Events, where each pod waits) must equal the one recorded with the code before
-the redesign (tests/data/decisions; tests/scheduler/record_decisions.py says how and at which commit).
+the redesign (tests/data/decisions; tests/support/record_decisions.py says how and at which commit).
 A mismatch shows the first decision that differs, recorded and now."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from scheduler.decision_record import SCENARIOS, first_difference, path_of, run_scenario
+from tests.support.decision_record import SCENARIOS, first_difference, path_of, run_scenario
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

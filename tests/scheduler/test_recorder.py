@@ -9,13 +9,13 @@ from typing import Any
 from gpupool_sched.scheduler.kubeapi import KubeApi
 from gpupool_sched.scheduler.metrics import SchedulerMetrics
 from gpupool_sched.scheduler.recorder import EventRecorder, says_unschedulable
-from tests.scheduler.test_kubeapi_writes import Server, _with_server
+from tests.support.recording_server import RecordingServer, with_recording_server
 
 MESSAGE = "0/3 nodes are available: 3 no single GPU with 48 free memory units."
 
 
 def _run(test: Any, workers: int = 1, **recorder_args: Any) -> None:
-    async def body(api: KubeApi, server: Server) -> None:
+    async def body(api: KubeApi, server: RecordingServer) -> None:
         metrics = SchedulerMetrics()
         recorder = EventRecorder(api, metrics, workers=workers, **recorder_args)
         recorder.start()
@@ -24,7 +24,7 @@ def _run(test: Any, workers: int = 1, **recorder_args: Any) -> None:
         finally:
             await recorder.stop()
 
-    asyncio.run(_with_server(body))
+    asyncio.run(with_recording_server(body))
 
 
 async def _drain(recorder: EventRecorder) -> None:
@@ -36,13 +36,13 @@ def _outcome(metrics: SchedulerMetrics, outcome: str, reason: str = "FailedSched
                                              {"reason": reason, "outcome": outcome}) or 0.0
 
 
-def _kinds(server: Server) -> list[tuple[str, str]]:
+def _kinds(server: RecordingServer) -> list[tuple[str, str]]:
     return [(r["method"], r["path"].split("/")[-2] if r["method"] == "PATCH" and "/events/" in r["path"]
              else r["path"].rsplit("/", 1)[-1]) for r in server.seen]
 
 
 def test_a_failure_reported_again_updates_the_count_of_its_event() -> None:
-    async def test(recorder: EventRecorder, server: Server, metrics: SchedulerMetrics) -> None:
+    async def test(recorder: EventRecorder, server: RecordingServer, metrics: SchedulerMetrics) -> None:
         recorder.unschedulable("team-a", "p", "uid-p", MESSAGE)
         await _drain(recorder)
         post, condition = server.seen
@@ -68,7 +68,7 @@ def test_a_failure_reported_again_updates_the_count_of_its_event() -> None:
 
 
 def test_a_new_message_or_another_pod_is_a_new_event() -> None:
-    async def test(recorder: EventRecorder, server: Server, metrics: SchedulerMetrics) -> None:
+    async def test(recorder: EventRecorder, server: RecordingServer, metrics: SchedulerMetrics) -> None:
         recorder.unschedulable("team-a", "p", "uid-p", MESSAGE, condition=False)
         recorder.unschedulable("team-a", "p", "uid-p", "0/4 nodes are available: 4 Insufficient cpu.",
                                condition=False)
@@ -81,7 +81,7 @@ def test_a_new_message_or_another_pod_is_a_new_event() -> None:
 
 
 def test_a_changed_condition_is_written_even_when_the_event_joins_its_series() -> None:
-    async def test(recorder: EventRecorder, server: Server, metrics: SchedulerMetrics) -> None:
+    async def test(recorder: EventRecorder, server: RecordingServer, metrics: SchedulerMetrics) -> None:
         recorder.unschedulable("team-a", "p", "uid-p", MESSAGE)
         recorder.unschedulable("team-a", "p", "uid-p", MESSAGE)  # e.g. someone else reset the condition
         await _drain(recorder)
@@ -91,7 +91,7 @@ def test_a_changed_condition_is_written_even_when_the_event_joins_its_series() -
 
 
 def test_after_the_window_the_same_failure_is_a_new_event() -> None:
-    async def test(recorder: EventRecorder, server: Server, metrics: SchedulerMetrics) -> None:
+    async def test(recorder: EventRecorder, server: RecordingServer, metrics: SchedulerMetrics) -> None:
         recorder.unschedulable("team-a", "p", "uid-p", MESSAGE, condition=False)
         await asyncio.sleep(0.3)
         recorder.unschedulable("team-a", "p", "uid-p", MESSAGE, condition=False)
@@ -102,7 +102,7 @@ def test_after_the_window_the_same_failure_is_a_new_event() -> None:
 
 
 def test_an_expired_event_starts_a_new_series() -> None:
-    async def test(recorder: EventRecorder, server: Server, metrics: SchedulerMetrics) -> None:
+    async def test(recorder: EventRecorder, server: RecordingServer, metrics: SchedulerMetrics) -> None:
         recorder.unschedulable("team-a", "p", "uid-p", MESSAGE, condition=False)
         await _drain(recorder)
         server.answers.append((404, {"kind": "Status", "reason": "NotFound", "message": "events not found"}))
@@ -116,7 +116,7 @@ def test_an_expired_event_starts_a_new_series() -> None:
 
 
 def test_normal_events_are_never_joined() -> None:
-    async def test(recorder: EventRecorder, server: Server, metrics: SchedulerMetrics) -> None:
+    async def test(recorder: EventRecorder, server: RecordingServer, metrics: SchedulerMetrics) -> None:
         recorder.scheduled("team-a", "p", "uid-p", "n1")
         recorder.scheduled("team-a", "p", "uid-p", "n1")
         await _drain(recorder)
@@ -130,7 +130,7 @@ def test_one_pods_reports_are_written_in_the_order_they_were_made() -> None:
     """Sixteen workers write reports at once, but a pod's second condition never lands before its
     first: the first one's Event is slow to post here, and the second must still win."""
 
-    async def test(recorder: EventRecorder, server: Server, metrics: SchedulerMetrics) -> None:
+    async def test(recorder: EventRecorder, server: RecordingServer, metrics: SchedulerMetrics) -> None:
         handle = server.handle
 
         async def slow_first(request: Any) -> Any:
@@ -165,7 +165,7 @@ def test_a_report_that_got_no_answer_is_tried_again_until_it_lands() -> None:
     """The API server restarting: the Event and the condition get 503s, then land on a later try
     (before, a pod reported unschedulable during an outage was never told)."""
 
-    async def test(recorder: EventRecorder, server: Server, metrics: SchedulerMetrics) -> None:
+    async def test(recorder: EventRecorder, server: RecordingServer, metrics: SchedulerMetrics) -> None:
         unavailable = (503, {"kind": "Status", "reason": "ServiceUnavailable", "message": "restarting"})
         server.answers.extend([unavailable, unavailable, unavailable])  # Event, condition, then the Event again
         recorder.unschedulable("team-a", "p", "uid-p", MESSAGE)
@@ -184,7 +184,7 @@ def test_a_report_that_got_no_answer_is_tried_again_until_it_lands() -> None:
 def test_a_condition_is_not_written_again_once_the_pod_no_longer_waits() -> None:
     waiting = {"uid-p": True}
 
-    async def test(recorder: EventRecorder, server: Server, metrics: SchedulerMetrics) -> None:
+    async def test(recorder: EventRecorder, server: RecordingServer, metrics: SchedulerMetrics) -> None:
         unavailable = (503, {"kind": "Status", "reason": "ServiceUnavailable", "message": "restarting"})
         server.answers.extend([(201, {}), unavailable])  # the Event lands, the condition does not
         recorder.unschedulable("team-a", "p", "uid-p", MESSAGE)

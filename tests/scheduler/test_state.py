@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import itertools
-from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +12,6 @@ from gpupool_common.handshake import (
     ack_annotations,
     assignment_annotations,
 )
-from gpupool_deviceplugin.publication import node_publication_for_profile
 from gpupool_sched.model.cluster import ClusterSnapshot
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.placement.decide import decide
@@ -23,61 +20,8 @@ from gpupool_sched.scheduler.assignment import build_assignment
 from gpupool_sched.scheduler.cycle import Cycle
 from gpupool_sched.scheduler.nodes import NodeView
 from gpupool_sched.scheduler.state import ClusterState, Phase
-
-_uids = itertools.count()
-_rv = itertools.count(100)
-
-
-def node_obj(name: str, profile: str = "l40s-pcie", *, pod_identity: bool = True, **spec: Any) -> dict[str, Any]:
-    pub = node_publication_for_profile(profile, node_name=name, pod_identity=pod_identity)
-    resources = {**pub.host_capacity, **pub.capacity}
-    return {
-        "metadata": {"name": name, "labels": dict(pub.labels), "annotations": dict(pub.annotations),
-                     "resourceVersion": str(next(_rv))},
-        "spec": dict(spec),
-        "status": {"capacity": resources, "allocatable": resources},
-    }
-
-
-def pod_obj(
-    name: str, *, gpus: int = 0, units: int = 0, node: str | None = None, scheduler: str = "gpupool",
-    phase: str = "Pending", uid: str | None = None, annotations: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    limits = {}
-    if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)
-    if units:
-        limits["nvidia.com/gpu-memory"] = str(units)
-    spec: dict[str, Any] = {"schedulerName": scheduler, "containers": [
-        {"name": "main", "resources": {"limits": limits, "requests": {"cpu": "1", "memory": "1Gi", **limits}}}]}
-    if node:
-        spec["nodeName"] = node
-    return {
-        "metadata": {"name": name, "namespace": "ns", "uid": uid or f"uid-{next(_uids)}",
-                     "resourceVersion": str(next(_rv)), "creationTimestamp": "2026-11-30T10:00:00Z",
-                     "annotations": dict(annotations or {})},
-        "spec": spec,
-        "status": {"phase": phase},
-    }
-
-
-def bump(obj: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    new = copy.deepcopy(obj)
-    new["metadata"]["resourceVersion"] = str(next(_rv))
-    for key, value in changes.items():
-        if key == "phase":
-            new["status"]["phase"] = value
-        elif key == "node":
-            new["spec"]["nodeName"] = value
-        elif key == "annotations":
-            new["metadata"]["annotations"].update(value)
-    return new
-
-
-def free_gpus(state: ClusterState, node: str) -> list[int]:
-    i = state.snapshot.index[node]
-    n = len(state.nodes[node].spec.gpus)
-    return [int(x) for x in state.snapshot.free_milli[i, :n]]
+from tests.support.objects import bump, node_obj, pod_obj
+from tests.support.scheduler_state import free_gpus, schedule
 
 
 @pytest.fixture
@@ -86,13 +30,6 @@ def state() -> ClusterState:
     s.apply_node(node_obj("n1"))
     s.apply_node(node_obj("n2"))
     return s
-
-
-def schedule(state: ClusterState, obj: dict[str, Any]) -> Placement:
-    plan = state.plan(obj)
-    result = Cycle(state, lambda: build_policy("best-fit")).schedule(plan)
-    assert result.statement is not None, result.unschedulable
-    return result.statement.placements[0][1]
 
 
 def test_assume_twice_is_refused_and_forget_releases(state: ClusterState) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_cli import kubeconfig, unused_port
+from tests.support.kubeconfigs import token_kubeconfig
+from tests.support.ports import free_port
 
 BIN = Path(sys.executable).parent
 SCRIPTS = {"gpupool": "gpupool status", "kubectl-gpupool": "kubectl gpupool status"}
@@ -33,15 +34,15 @@ def one_error_line(result: subprocess.CompletedProcess[str], prog: str) -> str:
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_unreachable_api_server(tmp_path: Path, script: str) -> None:
-    server = f"https://127.0.0.1:{unused_port()}"
-    line = one_error_line(run(script, "--kubeconfig", str(kubeconfig(tmp_path, server))), SCRIPTS[script])
+    server = f"https://127.0.0.1:{free_port()}"
+    line = one_error_line(run(script, "--kubeconfig", str(token_kubeconfig(tmp_path, server))), SCRIPTS[script])
     assert f"cannot reach the API server at {server}" in line
     assert "Connection refused" in line
 
 
 def test_unreachable_api_server_from_env(tmp_path: Path) -> None:
-    server = f"https://127.0.0.1:{unused_port()}"
-    done = run("kubectl-gpupool", kubeconfig_env=kubeconfig(tmp_path, server))  # as kubectl runs a plugin
+    server = f"https://127.0.0.1:{free_port()}"
+    done = run("kubectl-gpupool", kubeconfig_env=token_kubeconfig(tmp_path, server))  # as kubectl runs a plugin
     line = one_error_line(done, SCRIPTS["kubectl-gpupool"])
     assert f"cannot reach the API server at {server}" in line
 

@@ -2,7 +2,7 @@
 
 kopf answers 410 Gone by listing again, hands the listed objects over as events of type None and says
 nothing of the objects missing from the list. The events below are exactly those kopf sends; the
-service's re-list (over HTTP to tests/scheduler/apiserver.py) must then find what was deleted. The
+service's re-list (over HTTP to tests/support/apiserver.py) must then find what was deleted. The
 same gap against the real control plane: tests/e2e/test_faults.py."""
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from gpupool_sched.scheduler.informer import Drift, WatchedKind
 from gpupool_sched.scheduler.quotas import QUOTAS_PATH
 from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
 from gpupool_sched.scheduler.state import Phase
-from tests.scheduler.apiserver import NODES, PODS, ApiServer, serving
-from tests.scheduler.test_quotas import ns_obj, quota_obj, team_spec
-from tests.scheduler.test_state import node_obj, pod_obj
+from tests.support.apiserver import NODES, PODS, ApiServer, serving
+from tests.support.objects import node_obj, ns_obj, pod_obj, quota_obj, team_spec
 
 
 async def with_service(test: Callable[[SchedulerService, ApiServer], Awaitable[None]],

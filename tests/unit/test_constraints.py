@@ -17,7 +17,7 @@ from gpupool_sched.placement.decide import decide, feasible_nodes
 from gpupool_sched.placement.framework import CycleState
 from gpupool_sched.placement.nodeaffinity import NodeAffinity, NodeUnschedulable, TaintToleration
 from gpupool_sched.placement.registry import build_policy
-from unit.clusters import gpu_node
+from tests.support.clusters import gpu_node
 
 LABELS = {"zone": "a", "gpu-gen": "9", "pool": "train"}
 

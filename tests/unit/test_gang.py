@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from gpupool_sched.model.cluster import ClusterSnapshot
@@ -12,8 +11,7 @@ from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import GangPlacement, GangUnschedulable, place_gang
 from gpupool_sched.placement.registry import build_policy as _build
 from gpupool_sched.placement.workload import default_prior
-
-from .clusters import gpu_node
+from tests.support.clusters import assert_same, free_capacity, gpu_node
 
 
 def build_policy(name: str) -> Policy:
@@ -28,19 +26,10 @@ def share(name: str, milli: int) -> PodRequest:
     return PodRequest(name=name, cpu_milli=100, gpu_count=1, gpu_milli=milli)
 
 
-def state(snap: ClusterSnapshot) -> tuple[np.ndarray, ...]:
-    return (snap.free_milli.copy(), snap.gpu_mem_free.copy(), snap.cpu_free.copy(), snap.pods_free.copy())
-
-
-def assert_same(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> None:
-    for x, y in zip(a, b, strict=True):
-        assert np.array_equal(x, y)
-
-
 @pytest.mark.parametrize("policy", ["gpupool", "fgd", "best-fit"])
 def test_whole_gang_fits_and_snapshot_is_restored(policy: str) -> None:
     snap = ClusterSnapshot([gpu_node(f"n{i}", 8) for i in range(3)])
-    before = state(snap)
+    before = free_capacity(snap)
     members = [whole(f"m{i}", 4) for i in range(4)]
     out = place_gang(snap, members, 4, build_policy(policy))
     assert isinstance(out, GangPlacement)
@@ -48,13 +37,13 @@ def test_whole_gang_fits_and_snapshot_is_restored(policy: str) -> None:
     used = [(p.node, g) for _, p in out.placements for g in p.gpu_indices]
     assert len(used) == len(set(used)) == 16, "no GPU given to two members"
     assert len(out.nodes) == 2, "4 x 4 GPUs pack onto two 8-GPU nodes, not spread over three"
-    assert_same(before, state(snap))
+    assert_same(before, free_capacity(snap))
 
 
 def test_gang_that_does_not_fit_places_nothing_and_says_why() -> None:
     snap = ClusterSnapshot([gpu_node(f"n{i}", 8) for i in range(2)])
     snap.assume(whole("other", 4), Placement(node="n0", gpu_indices=(0, 1, 2, 3), gpu_milli=1000))
-    before = state(snap)
+    before = free_capacity(snap)
     members = [whole(f"m{i}", 4) for i in range(3)]  # needs 12, 12 free but 3 x 4 needs three 4-blocks: n0 4, n1 8
     out = place_gang(snap, members, 3, build_policy("gpupool"))
     assert isinstance(out, GangPlacement)  # 4 on n0 + 8 on n1 = three 4-GPU members
@@ -63,7 +52,7 @@ def test_gang_that_does_not_fit_places_nothing_and_says_why() -> None:
     assert isinstance(out, GangUnschedulable)
     assert (out.need, out.placed) == (4, 3)
     assert "3 of the 4 members" in out.message and "Insufficient nvidia.com/gpu" in out.message
-    assert_same(before, state(snap))
+    assert_same(before, free_capacity(snap))
 
 
 def test_more_members_than_the_minimum_are_placed_when_they_fit() -> None:

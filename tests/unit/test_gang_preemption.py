@@ -10,9 +10,17 @@ from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.gang import place_gang
 from gpupool_sched.placement.gang_preemption import plan_gang_preemption
-from unit.clusters import gpu_node
-from unit.test_gang import assert_same, state
-from unit.test_preemption import BEST_FIT, HIGH, Cluster, budgeted, gpus, policies
+from tests.support.clusters import (
+    BEST_FIT,
+    HIGH,
+    Cluster,
+    assert_same,
+    budgeted,
+    free_capacity,
+    gpu_node,
+    gpus,
+    policies,
+)
 
 
 def full_cluster(nodes: int = 3, priority: int = 1) -> Cluster:
@@ -31,7 +39,7 @@ def plan(c: Cluster, members: list[PodRequest], need: int, priority: int = HIGH,
 @pytest.mark.parametrize("policy", policies(), ids=lambda p: p.name)
 def test_two_8_gpu_members_evict_two_whole_nodes_and_leave_the_snapshot_as_it_was(policy) -> None:
     c = full_cluster()
-    before = state(c.snap)
+    before = free_capacity(c.snap)
     out = plan(c, [gpus(8), gpus(8)], 2, policy=policy)
     assert out is not None and out.pdb_violations == 0
     nodes = [m.placement.node for m in out.members]
@@ -39,7 +47,7 @@ def test_two_8_gpu_members_evict_two_whole_nodes_and_leave_the_snapshot_as_it_wa
     for m in out.members:
         assert {v.node for v in m.victims} == {m.placement.node} and len(m.victims) == 8
     assert len({v.uid for v in out.victims}) == 16
-    assert_same(state(c.snap), before)
+    assert_same(free_capacity(c.snap), before)
     # the plan is right: with those victims gone the gang fits together where it says
     for v in out.victims:
         c.snap.release(v.request, v.placement)
@@ -49,9 +57,9 @@ def test_two_8_gpu_members_evict_two_whole_nodes_and_leave_the_snapshot_as_it_wa
 
 def test_nothing_is_evicted_for_half_a_gang() -> None:
     c = full_cluster(nodes=2)
-    before = state(c.snap)
+    before = free_capacity(c.snap)
     assert plan(c, [gpus(8), gpus(8), gpus(8)], 3) is None  # a third 8-GPU member fits nowhere
-    assert_same(state(c.snap), before)  # two members were planned before it: undone
+    assert_same(free_capacity(c.snap), before)  # two members were planned before it: undone
 
 
 def test_minimum_only_and_members_that_fit_take_no_victims() -> None:

@@ -15,8 +15,7 @@ from gpupool_devcluster.binaries import helm_binary, repo_root
 from gpupool_devcluster.errors import DevClusterError
 from gpupool_deviceplugin.config import PluginConfig
 from gpupool_sched.cli import build_parser
-
-CHART = repo_root() / "deploy" / "helm" / "gpupool"
+from tests.support.chart import CHART
 
 
 def helm(*args: str) -> subprocess.CompletedProcess[str]:

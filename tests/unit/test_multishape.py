@@ -14,7 +14,7 @@ from gpupool_sched.model.request import GpuShape, InvalidRequest, PodRequest
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.registry import POLICIES, build_policy
-from unit.clusters import gpu_node, mig_node
+from tests.support.clusters import gpu_node, mig_node
 
 GB = 1024
 WHOLE2 = GpuShape(gpu_count=2, gpu_milli=1000)

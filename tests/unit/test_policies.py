@@ -11,7 +11,7 @@ from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.registry import POLICIES, build_policy
-from unit.clusters import gpu_node, mig_node
+from tests.support.clusters import gpu_node, mig_node
 
 GB = 1024
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -15,7 +14,6 @@ from gpupool_sched.model.constraints import NodeConstraints, Requirement, Taint,
 from gpupool_sched.model.decision import Placement, Unschedulable
 from gpupool_sched.model.request import GpuShape, PodRequest
 from gpupool_sched.placement.decide import decide
-from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.preemption import (
     GpuCost,
     Preemption,
@@ -27,55 +25,9 @@ from gpupool_sched.placement.preemption import (
 )
 from gpupool_sched.placement.registry import build_policy
 from gpupool_sched.placement.workload import default_prior
-from unit.clusters import gpu_node, mig_node
+from tests.support.clusters import BEST_FIT, HIGH, Cluster, budgeted, gpu_node, gpus, mig_node, policies
 
 GB = 1024
-HIGH = 10
-BEST_FIT = build_policy("best-fit")
-
-
-def policies() -> list[Policy]:
-    return [BEST_FIT, build_policy("gpupool", default_prior()), build_policy("fgd", default_prior())]
-
-
-class Cluster:
-    """A snapshot plus the pods running on it, built pod by pod."""
-
-    def __init__(self, nodes: Sequence[NodeSpec]) -> None:
-        self.snap = ClusterSnapshot(nodes)
-        self.pods: list[RunningPod] = []
-
-    def hold(
-        self, uid: str, request: PodRequest, placement: Placement, priority: int, start: float, pdb: bool
-    ) -> RunningPod:
-        self.snap.assume(request, placement)
-        pod = RunningPod(uid, placement.node, priority, request, placement, start, pdb)
-        self.pods.append(pod)
-        return pod
-
-    def whole(
-        self, uid: str, node: str, gpus: Sequence[int], priority: int, start: float = 0.0, *, pdb: bool = False
-    ) -> RunningPod:
-        req = PodRequest(name=uid, cpu_milli=1000, gpu_count=len(gpus), gpu_milli=1000, priority=priority)
-        mem = self.snap.nodes[self.snap.row_of(node)].gpus[gpus[0]].memory_mib
-        return self.hold(uid, req, Placement(node, tuple(gpus), 1000, mem), priority, start, pdb)
-
-    def share(
-        self, uid: str, node: str, gpu: int, mem_mib: int, priority: int, start: float = 0.0, *, pdb: bool = False
-    ) -> RunningPod:
-        req = PodRequest(name=uid, cpu_milli=500, gpu_count=1, gpu_memory_mib=mem_mib, priority=priority)
-        total = self.snap.nodes[self.snap.row_of(node)].gpus[gpu].memory_mib
-        placement = Placement(node, (gpu,), max(1, mem_mib * 1000 // total), mem_mib)
-        return self.hold(uid, req, placement, priority, start, pdb)
-
-    def plan(self, request: PodRequest, policy: Policy = BEST_FIT, priority: int = HIGH) -> Preemption | None:
-        return plan_preemption(self.snap, request, priority, self.pods, policy, np.random.default_rng(0))
-
-
-def gpus(n: int, *, cpu: int = 1000, constraints: NodeConstraints | None = None) -> PodRequest:
-    return PodRequest(name="pre", cpu_milli=cpu, gpu_count=n, gpu_milli=1000, priority=HIGH, constraints=constraints)
-
-
 def mem_share(gb: int) -> PodRequest:
     return PodRequest(name="pre", cpu_milli=500, gpu_count=1, gpu_memory_mib=gb * GB, priority=HIGH)
 
@@ -243,14 +195,6 @@ def test_an_unavoidable_violation_is_counted():
     c.whole("b2", "a", [1], priority=0, pdb=True)
     plan = c.plan(gpus(2))
     assert plan is not None and sorted(uids(plan)) == ["b1", "b2"] and plan.pdb_violations == 2
-
-
-def budgeted(c: Cluster, uid: str, node: str, gpu: int, priority: int, budgets: dict[str, int],
-             start: float = 0.0) -> RunningPod:
-    """A whole-GPU pod that the PodDisruptionBudgets `budgets` (name -> disruptions allowed) select."""
-    pod = c.whole(uid, node, [gpu], priority, start)
-    c.pods[-1] = replace(pod, budgets=tuple(sorted(budgets.items())))
-    return c.pods[-1]
 
 
 def test_a_budget_is_counted_down_per_victim():

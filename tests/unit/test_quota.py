@@ -25,7 +25,7 @@ from gpupool_sched.placement.quota import (
     usage,
 )
 from gpupool_sched.placement.registry import build_policy
-from unit.clusters import gpu_node
+from tests.support.clusters import gpu_node
 
 GB = 1024
 

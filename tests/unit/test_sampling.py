@@ -17,7 +17,7 @@ from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.registry import build_policy
 from gpupool_sched.placement.sampling import NodeSampler, nodes_to_score
-from unit.clusters import gpu_node
+from tests.support.clusters import gpu_node
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ import pytest
 from gpupool_sched.model.cluster import ClusterSnapshot
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
-from unit.clusters import gpu_node, mig_node
+from tests.support.clusters import gpu_node, mig_node
 
 
 def test_assume_then_release_restores_the_state():

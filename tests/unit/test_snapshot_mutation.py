@@ -17,7 +17,7 @@ from gpupool_sched.model.request import GpuShape, PodRequest
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.registry import build_policy
-from unit.clusters import gpu_node, mig_node
+from tests.support.clusters import gpu_node, mig_node
 
 GB = 1024
 WHOLE = PodRequest(name="w", cpu_milli=1000, gpu_count=1, gpu_milli=1000)

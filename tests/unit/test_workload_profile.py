@@ -25,7 +25,7 @@ from gpupool_sched.placement.workload import (
 )
 from gpupool_sched.simulate.replay import replay
 from gpupool_sched.simulate.trace import read_trace
-from unit.clusters import gpu_node, mig_node
+from tests.support.clusters import gpu_node, mig_node
 
 
 def share(i: int, milli: int = 250, cpu: int = 2000) -> PodRequest:

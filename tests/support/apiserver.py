@@ -9,7 +9,6 @@ import asyncio
 import copy
 import itertools
 import json
-import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +18,7 @@ from aiohttp import web
 from kubernetes import client
 
 from gpupool_sched.scheduler.kubeapi import KubeApi
+from tests.support.ports import free_port
 
 PODS = "/api/v1/pods"
 NODES = "/api/v1/nodes"
@@ -129,14 +129,13 @@ class ApiServer:
 
 @asynccontextmanager
 async def serving() -> AsyncIterator[tuple[ApiServer, KubeApi]]:
+    """An ApiServer on a free port of 127.0.0.1 and a KubeApi talking to it, both closed afterwards."""
     server = ApiServer()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", server.route)
     runner = web.AppRunner(app)
     await runner.setup()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     api = KubeApi(client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")))
     try:

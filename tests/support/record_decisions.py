@@ -5,10 +5,10 @@ Record with the code whose behaviour is the reference, never with the code under
 tests/data/decisions were recorded at commit 7727648 (main before the issue 18 redesign) with:
 
     cd /work/main && git worktree add -f /tmp/oldmain 7727648
-    PYTHONPATH=/tmp/oldmain/src:/tmp/oldmain:/tmp/oldmain/tests .venv/bin/python tests/scheduler/record_decisions.py
+    PYTHONPATH=/tmp/oldmain/src .venv/bin/python tests/support/record_decisions.py
     git worktree remove --force /tmp/oldmain
 
-The scenario driver is taken from this checkout's tests/ (put first on sys.path below); the scheduler
+The scenario driver is taken from this checkout (its root put first on sys.path below); the scheduler
 (`gpupool_sched`) from PYTHONPATH, i.e. the worktree of the reference commit. Each file says which
 commit it was recorded at (`recorded_at`: the commit of the checkout `gpupool_sched` was imported from).
 """
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: `tests.support` is imported from it
 
 
 def commit_of(path: Path) -> str:
@@ -34,9 +34,9 @@ def commit_of(path: Path) -> str:
 
 
 def main() -> None:
-    sys.path.insert(0, str(TESTS))
+    sys.path.insert(0, str(ROOT))
     import gpupool_sched
-    from scheduler.decision_record import SCENARIOS, path_of, run_scenario, write_record
+    from tests.support.decision_record import SCENARIOS, path_of, run_scenario, write_record
 
     source = Path(gpupool_sched.__file__).resolve().parent
     commit = commit_of(source)

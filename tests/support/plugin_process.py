@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from tests.support.ports import free_port
+
 _PORT = re.compile(r"metrics and healthz on http://[^:]+:(\d+)")
 
 
@@ -27,13 +28,6 @@ def plugin_command() -> list[str]:
         return [str(script)]
     found = shutil.which("gpupool-deviceplugin")
     return [found] if found else [sys.executable, "-m", "gpupool_deviceplugin.cli"]
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 now (the plugin's metrics.port 0 turns its metrics off)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PluginProcess:
@@ -146,3 +140,16 @@ class PluginProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def plugin_counter(plugin: PluginProcess, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` on the plugin's /metrics whose labels include `labels`."""
+    _, text = plugin.http("/metrics")
+    total = 0.0
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if line.startswith("#") or head.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total

@@ -465,7 +465,7 @@ def first_difference(expected: Record, actual: Record) -> str | None:
             head.append(f"{key}: recorded {expected.get(key)!r}, now {actual.get(key)!r}")
     if expected.get("steps_digest") != actual.get("steps_digest"):
         head.append("the scenario's steps changed since it was recorded: record it again with the code before "
-                    "the change (tests/scheduler/record_decisions.py), not with the code under test")
+                    "the change (tests/support/record_decisions.py), not with the code under test")
     old, new = expected.get("entries", []), actual.get("entries", [])
     for i in range(max(len(old), len(new))):
         a = old[i] if i < len(old) else None

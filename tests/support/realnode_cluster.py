@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from image.test_image import require_or_skip
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -17,6 +16,7 @@ from gpupool_devcluster import nodenet, realnode
 from gpupool_devcluster.client import ClusterClient
 from gpupool_devcluster.cluster import DevCluster
 from gpupool_devcluster.errors import DevClusterError
+from tests.support.image import require_or_skip
 
 WORKLOAD_IMAGE = "gpupool-workload:0.1.0"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,20 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from waiting import eventually
 
 from gpupool_common.handshake import parse_assignment
 from gpupool_common.inventory import parse_inventory
 from gpupool_devcluster.client import ClusterClient
 from gpupool_devcluster.raw import discard, read_json
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 POOL_LABEL = "gpupool.io/test-pool"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -127,6 +121,12 @@ def start_scheduler(
     if ready:
         proc.wait_ready()
     return proc
+
+
+def stop_scheduler(proc: SchedulerProcess) -> None:
+    """SIGTERM, and the scheduler must exit 0."""
+    proc.stop()
+    assert proc.process.returncode == 0, f"scheduler exited with {proc.process.returncode}:\n{proc.tail()}"
 
 
 def unique(prefix: str) -> str:

@@ -1,0 +1,202 @@
+"""Import rules over src/, hack/, benchmarks/ and tests/, read with `ast` (nothing is imported; imports at any
+depth count: in functions, under TYPE_CHECKING), complementing tests/unit/test_layout.py (which packages of
+src/ may import which):
+
+  (a) the pure core, gpupool_sched.placement and gpupool_sched.model, imports no front end and no I/O:
+      never gpupool_sched.scheduler, .extender, .status or .simulate;
+  (b) the front ends gpupool_sched.scheduler, .extender and .status do not import each other, except the
+      imports in FRONT_END_ALLOWED (the ones that exist today);
+  (c) nothing imports a test module (`test_*`, `conftest`): shared helpers live in tests.support;
+  (d) only tests/, hack/ and benchmarks/ import the test support package (or anything under tests/), never
+      src/'s product packages;
+  (e) of tests/, only tests.support is imported (helpers moved out of the test folders stay out), and only
+      as the package `tests` (never `scheduler_harness` or `deviceplugin.x` through sys.path towards tests/).
+
+`from a import b` counts as an import of module a.b where a.b is a module, else of a; relative imports are
+resolved against the importer's package. test_the_rules_catch_violations feeds the checker fabricated
+sources that break each rule, so that this test can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TREES = ("src", "hack", "benchmarks", "tests")
+CORE = ("gpupool_sched.placement", "gpupool_sched.model")
+NOT_FOR_THE_CORE = ("gpupool_sched.scheduler", "gpupool_sched.extender", "gpupool_sched.status",
+                    "gpupool_sched.simulate")
+FRONT_ENDS = ("gpupool_sched.scheduler", "gpupool_sched.extender", "gpupool_sched.status")
+SUPPORT = "tests.support"
+MAY_USE_SUPPORT = ("tests", "hack", "benchmarks")  # top-level names of the trees outside src/
+# what tests/ holds, by the names a sys.path entry towards tests/ would import it under
+BARE = frozenset(p.stem for p in (ROOT / "tests").iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()) \
+    - {"__init__"}
+
+# (importer, imported) between front ends, as they are today: to go with issue 18's redesign. Remove an entry
+# with the import it allows (test_the_allow_list_is_exact fails while an entry allows nothing).
+FRONT_END_ALLOWED: frozenset[tuple[str, str]] = frozenset({
+    # the extender runs on the scheduler's informers, ledger, queue, binder and quota book
+    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.binder"),
+    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.informer"),
+    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.kubeapi"),
+    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.podspec"),
+    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.queue"),
+    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.quotas"),
+    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.state"),
+    ("gpupool_sched.extender.metrics", "gpupool_sched.scheduler.metrics"),
+    ("gpupool_sched.extender.server", "gpupool_sched.scheduler.endpoints"),
+    # `gpupool status` reads the cluster as the scheduler's ledger does, with its API client and CLI helpers
+    ("gpupool_sched.status.cli", "gpupool_sched.scheduler.kubeapi"),
+    ("gpupool_sched.status.collect", "gpupool_sched.scheduler.nodes"),
+    ("gpupool_sched.status.collect", "gpupool_sched.scheduler.podspec"),
+    ("gpupool_sched.status.collect", "gpupool_sched.scheduler.state"),
+})
+
+
+@dataclass(frozen=True)
+class Source:
+    module: str  # dotted name: src/ stripped, tests/... as the package tests, hack/... as `hack`
+    path: str  # for the messages
+    text: str
+    package: bool = False  # an __init__.py: relative imports resolve against the module itself
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    path: str
+    line: int
+    module: str  # absolute
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[0] == "src":
+        parts = parts[1:]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def sources() -> list[Source]:
+    return [Source(module_name(p), str(p.relative_to(ROOT)), p.read_text(), p.name == "__init__.py")
+            for tree in TREES for p in sorted((ROOT / tree).rglob("*.py"))]
+
+
+def imports(source: Source, known: set[str]) -> Iterator[Import]:
+    """Every import of `source`, resolved; `known`: the module names that exist (for `from a import b`)."""
+    package = source.module.split(".") if source.package else source.module.split(".")[:-1]
+    for node in ast.walk(ast.parse(source.text)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(source.module, source.path, node.lineno, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            targets = {f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names}
+            for target in sorted(targets):
+                yield Import(source.module, source.path, node.lineno, target)
+
+
+def within(module: str, packages: Iterable[str]) -> str | None:
+    """The package of `packages` that `module` is or lies in."""
+    return next((p for p in packages if module == p or module.startswith(p + ".")), None)
+
+
+def is_test_module(module: str) -> bool:
+    last = module.rsplit(".", 1)[-1]
+    return last.startswith("test_") or last == "conftest"
+
+
+def violations(found: Iterable[Import], allowed: frozenset[tuple[str, str]] = FRONT_END_ALLOWED,
+               bare: frozenset[str] = BARE) -> list[str]:
+    out = []
+    for imp in found:
+        where = f"{imp.path}:{imp.line}: {imp.importer} imports {imp.module}"
+        if within(imp.importer, CORE) and within(imp.module, NOT_FOR_THE_CORE):
+            out.append(f"{where}: (a) the placement core imports no front end or I/O")
+        importer_end, imported_end = within(imp.importer, FRONT_ENDS), within(imp.module, FRONT_ENDS)
+        if importer_end and imported_end and importer_end != imported_end \
+                and (imp.importer, imp.module) not in allowed:
+            out.append(f"{where}: (b) front ends do not import each other")
+        if is_test_module(imp.module):
+            out.append(f"{where}: (c) a test module is imported; move what is shared to {SUPPORT}")
+        if within(imp.module, ("tests",)) and not within(imp.importer, MAY_USE_SUPPORT):
+            out.append(f"{where}: (d) only tests/, hack/ and benchmarks/ use the test support package")
+        if within(imp.module, ("tests",)) and not within(imp.module, (SUPPORT,)) and not is_test_module(imp.module):
+            out.append(f"{where}: (e) of tests/, only {SUPPORT} is imported")
+        if imp.module.split(".")[0] in bare:
+            out.append(f"{where}: (e) tests/ imported through sys.path, not as the package tests")
+    return out
+
+
+def check(fabricated: list[Source], known: set[str] | None = None) -> list[str]:
+    names = {s.module for s in fabricated} | (known or set())
+    return violations(i for s in fabricated for i in imports(s, names))
+
+
+# ---- the rules hold ---------------------------------------------------------------------------------------
+def test_the_trees_are_read() -> None:
+    modules = {s.module for s in sources()}
+    for expected in ("gpupool_sched.placement.decide", "gpupool_sched.extender.core", "hack.demo",
+                     "benchmarks.bench_deviceplugin", "tests.support.objects", "tests.conftest",
+                     "tests.e2e.test_faults"):
+        assert expected in modules, expected
+
+
+def test_the_import_rules_hold() -> None:
+    found = sources()
+    known = {s.module for s in found}
+    assert violations(i for s in found for i in imports(s, known)) == []
+
+
+def test_the_allow_list_is_exact() -> None:
+    """Every allowed front-end import exists: the list shrinks as the front ends stop importing each other."""
+    found = sources()
+    known = {s.module for s in found}
+    seen = {(i.importer, i.module) for s in found for i in imports(s, known)}
+    assert sorted(FRONT_END_ALLOWED - seen) == [], "allowed, but no longer imported: remove from FRONT_END_ALLOWED"
+
+
+# ---- the checker can fail -----------------------------------------------------------------------------------
+def test_the_rules_catch_violations() -> None:
+    fake = [
+        Source("gpupool_sched.placement.fake", "a.py", "from gpupool_sched.scheduler.state import ClusterState"),
+        Source("gpupool_sched.model.fake", "b.py", "def late():\n    import gpupool_sched.simulate.run\n"),
+        Source("gpupool_sched.status.fake", "c.py", "from gpupool_sched.extender import core"),
+        Source("gpupool_sched.scheduler.fake", "d.py",
+               "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..status import render\n"),
+        Source("tests.unit.test_fake", "e.py", "from tests.unit.test_gang import assert_same"),
+        Source("benchmarks.fake", "f.py", "from test_scheduler_fullpath import NodeKubelet"),
+        Source("tests.scheduler.test_other", "g.py", "from .test_cli import kubeconfig"),
+        Source("gpupool_sched.scheduler.other", "h.py", "from tests.support.objects import pod_obj"),
+        Source("tests.e2e.test_fake", "i.py", "from tests.e2e import helpers"),
+        Source("hack.fake", "j.py", "def agent():\n    from deviceplugin.kubelet_standin import KubeletStandin\n"),
+    ]
+    known = {"gpupool_sched.extender.core", "gpupool_sched.status.render", "tests.unit.test_gang",
+             "tests.scheduler.test_cli", "tests.support.objects", "tests.e2e.helpers"}
+    found = check(fake, known)
+    for path, rule in (("a.py", "(a)"), ("b.py", "(a)"), ("c.py", "(b)"), ("d.py", "(b)"), ("e.py", "(c)"),
+                       ("f.py", "(c)"), ("g.py", "(c)"), ("h.py", "(d)"), ("i.py", "(e)"),
+                       ("j.py", "(e)")):
+        assert any(v.startswith(f"{path}:") and rule in v for v in found), (path, rule, found)
+    assert any(v.startswith("d.py:3: gpupool_sched.scheduler.fake imports gpupool_sched.status.render:") for v in found)
+
+
+def test_what_the_rules_allow() -> None:
+    fine = [
+        Source("gpupool_sched.extender.core", "a.py", "from gpupool_sched.scheduler.state import ClusterState"),
+        Source("gpupool_sched.placement.fake", "b.py", "from gpupool_sched.model.request import PodRequest"),
+        Source("tests.unit.test_fake", "c.py", "from tests.support.clusters import gpu_node"),
+        Source("hack.fake", "d.py", "def agent():\n    from tests.support.chart import CHART\n"),
+        Source("tests.support", "tests/support/__init__.py", "from . import objects", package=True),
+        Source("tests.support.fake", "e.py", "from .objects import pod_obj"),
+    ]
+    assert check(fine, {"tests.support.objects", "tests.support.clusters", "tests.support.chart"}) == []
