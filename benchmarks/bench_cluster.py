@@ -66,6 +66,7 @@ from gpupool_devcluster.fake_pods import pod_manifest
 from gpupool_devcluster.kubeconfig import api_client
 from gpupool_devcluster.process import TrackedProcess, start
 from gpupool_devcluster.raw import discard, read_json
+from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.model.cluster import ClusterSnapshot, NodeSpec
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
@@ -74,7 +75,6 @@ from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.registry import build_policy
 from gpupool_sched.placement.sampling import NodeSampler, nodes_to_score
 from gpupool_sched.placement.workload import RollingProfile
-from gpupool_sched.scheduler.state import ClusterState
 
 GPUPOOL, KUBE = "gpupool", "kube-scheduler"
 SCHEDULERS = (GPUPOOL, KUBE)

@@ -29,7 +29,7 @@ from kubernetes import client
 from gpupool_devcluster.fake_nodes import fake_node_manifest, publication_for_profile
 from gpupool_sched.extender.core import Extender, ExtenderConfig
 from gpupool_sched.extender.server import bound_port, build_app, serve
-from gpupool_sched.scheduler.kubeapi import KubeApi
+from gpupool_sched.kube.kubeapi import KubeApi
 
 PROFILE = "dgx-h100"
 

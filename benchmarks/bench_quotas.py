@@ -37,15 +37,16 @@ import numpy as np
 from kubernetes import client
 
 from gpupool_devcluster.fake_nodes import fake_node_manifest, publication_for_profile
+from gpupool_sched.cache.entries import Phase, PodEntry
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.plugins.quotas import QuotaBook
+from gpupool_sched.framework.queue import ClusterEvent, Hint
+from gpupool_sched.kube.kubeapi import KubeApi
+from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.quota import Amount, Verdict, admit, held_by, owners
-from gpupool_sched.scheduler.kubeapi import KubeApi
-from gpupool_sched.scheduler.podspec import PodPlan
-from gpupool_sched.scheduler.queue import ClusterEvent, Hint
-from gpupool_sched.scheduler.quotas import QuotaBook
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
-from gpupool_sched.scheduler.state import ClusterState, Phase, PodEntry
 
 PROFILE = "dgx-h100"  # 8 GPUs a node
 CHECK_P99_TARGET_MS = 0.2
@@ -211,7 +212,7 @@ def build(pods: int, quotas: int, waiting: int, make_book: Callable[[ClusterStat
 
 
 def _freed(quota: str | None) -> Hint:
-    from gpupool_sched.scheduler.queue import QuotaFreed
+    from gpupool_sched.framework.queue import QuotaFreed
 
     return QuotaFreed(quota)
 

@@ -4,13 +4,15 @@ src/ may import which):
 
   (a) the pure core, gpupool_sched.placement and gpupool_sched.model, imports no front end and no I/O:
       never gpupool_sched.scheduler, .extender, .status or .simulate;
-  (b) the front ends gpupool_sched.scheduler, .extender and .status do not import each other, except the
-      imports in FRONT_END_ALLOWED (the ones that exist today);
+  (b) the front ends gpupool_sched.scheduler, .extender and .status do not import each other (FRONT_END_ALLOWED
+      is empty);
   (c) nothing imports a test module (`test_*`, `conftest`): shared helpers live in tests.support;
   (d) only tests/, hack/ and benchmarks/ import the test support package (or anything under tests/), never
       src/'s product packages;
   (e) of tests/, only tests.support is imported (helpers moved out of the test folders stay out), and only
-      as the package `tests` (never `scheduler_harness` or `deviceplugin.x` through sys.path towards tests/).
+      as the package `tests` (never `scheduler_harness` or `deviceplugin.x` through sys.path towards tests/);
+  (f) what the front ends share (gpupool_sched.kube, .cache, .framework, .writer, .metrics) imports no front
+      end and not the simulator.
 
 `from a import b` counts as an import of module a.b where a.b is a module, else of a; relative imports are
 resolved against the importer's package. test_the_rules_catch_violations feeds the checker fabricated
@@ -30,31 +32,18 @@ CORE = ("gpupool_sched.placement", "gpupool_sched.model")
 NOT_FOR_THE_CORE = ("gpupool_sched.scheduler", "gpupool_sched.extender", "gpupool_sched.status",
                     "gpupool_sched.simulate")
 FRONT_ENDS = ("gpupool_sched.scheduler", "gpupool_sched.extender", "gpupool_sched.status")
+# what the front ends share: they never import a front end (nor the simulator)
+SHARED = ("gpupool_sched.kube", "gpupool_sched.cache", "gpupool_sched.framework", "gpupool_sched.writer",
+          "gpupool_sched.metrics")
 SUPPORT = "tests.support"
 MAY_USE_SUPPORT = ("tests", "hack", "benchmarks")  # top-level names of the trees outside src/
 # what tests/ holds, by the names a sys.path entry towards tests/ would import it under
 BARE = frozenset(p.stem for p in (ROOT / "tests").iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()) \
     - {"__init__"}
 
-# (importer, imported) between front ends, as they are today: to go with issue 18's redesign. Remove an entry
-# with the import it allows (test_the_allow_list_is_exact fails while an entry allows nothing).
-FRONT_END_ALLOWED: frozenset[tuple[str, str]] = frozenset({
-    # the extender runs on the scheduler's informers, ledger, queue, binder and quota book
-    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.binder"),
-    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.informer"),
-    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.kubeapi"),
-    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.podspec"),
-    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.queue"),
-    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.quotas"),
-    ("gpupool_sched.extender.core", "gpupool_sched.scheduler.state"),
-    ("gpupool_sched.extender.metrics", "gpupool_sched.scheduler.metrics"),
-    ("gpupool_sched.extender.server", "gpupool_sched.scheduler.endpoints"),
-    # `gpupool status` reads the cluster as the scheduler's ledger does, with its API client and CLI helpers
-    ("gpupool_sched.status.cli", "gpupool_sched.scheduler.kubeapi"),
-    ("gpupool_sched.status.collect", "gpupool_sched.scheduler.nodes"),
-    ("gpupool_sched.status.collect", "gpupool_sched.scheduler.podspec"),
-    ("gpupool_sched.status.collect", "gpupool_sched.scheduler.state"),
-})
+# (importer, imported) between front ends that are allowed: none since issue 18's layout (what they share lives in
+# kube/, cache/, framework/ and writer/). An entry must allow a real import (test_the_allow_list_is_exact).
+FRONT_END_ALLOWED: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -126,6 +115,8 @@ def violations(found: Iterable[Import], allowed: frozenset[tuple[str, str]] = FR
         if importer_end and imported_end and importer_end != imported_end \
                 and (imp.importer, imp.module) not in allowed:
             out.append(f"{where}: (b) front ends do not import each other")
+        if within(imp.importer, SHARED) and within(imp.module, (*FRONT_ENDS, "gpupool_sched.simulate")):
+            out.append(f"{where}: (f) the shared layers import no front end")
         if is_test_module(imp.module):
             out.append(f"{where}: (c) a test module is imported; move what is shared to {SUPPORT}")
         if within(imp.module, ("tests",)) and not within(imp.importer, MAY_USE_SUPPORT):
@@ -168,9 +159,10 @@ def test_the_allow_list_is_exact() -> None:
 # ---- the checker can fail -----------------------------------------------------------------------------------
 def test_the_rules_catch_violations() -> None:
     fake = [
-        Source("gpupool_sched.placement.fake", "a.py", "from gpupool_sched.scheduler.state import ClusterState"),
+        Source("gpupool_sched.placement.fake", "a.py", "from gpupool_sched.scheduler.service import SchedulerService"),
         Source("gpupool_sched.model.fake", "b.py", "def late():\n    import gpupool_sched.simulate.run\n"),
         Source("gpupool_sched.status.fake", "c.py", "from gpupool_sched.extender import core"),
+        Source("gpupool_sched.cache.fake", "f.py", "from gpupool_sched.scheduler.service import SchedulerService"),
         Source("gpupool_sched.scheduler.fake", "d.py",
                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..status import render\n"),
         Source("tests.unit.test_fake", "e.py", "from tests.unit.test_gang import assert_same"),
@@ -192,7 +184,7 @@ def test_the_rules_catch_violations() -> None:
 
 def test_what_the_rules_allow() -> None:
     fine = [
-        Source("gpupool_sched.extender.core", "a.py", "from gpupool_sched.scheduler.state import ClusterState"),
+        Source("gpupool_sched.extender.core", "a.py", "from gpupool_sched.cache.state import ClusterState"),
         Source("gpupool_sched.placement.fake", "b.py", "from gpupool_sched.model.request import PodRequest"),
         Source("tests.unit.test_fake", "c.py", "from tests.support.clusters import gpu_node"),
         Source("hack.fake", "d.py", "def agent():\n    from tests.support.chart import CHART\n"),

@@ -22,7 +22,7 @@ from kubernetes import client
 from gpupool_devcluster.fake_nodes import fake_node_manifest, publication_for_profile
 from gpupool_sched.extender.core import Extender, ExtenderConfig
 from gpupool_sched.extender.server import bound_port, build_app, serve
-from gpupool_sched.scheduler.kubeapi import KubeApi
+from gpupool_sched.kube.kubeapi import KubeApi
 
 MAX_BODY = 64 * 1024
 READ_TIMEOUT = 0.5
@@ -270,8 +270,8 @@ def test_a_bind_cut_off_while_its_binding_is_on_the_wire_keeps_the_gpus_until_re
     """kube-scheduler's bind call times out (the extender's --bind-timeout) while the Binding is held
     by a slow API server: the pod keeps its GPUs, marked uncertain, and a read settles it once the
     Binding lands (issue 16 A2). Before, the cancelled bind forgot the pod at once."""
+    from gpupool_sched.cache.entries import Phase
     from gpupool_sched.extender.protocol import BindingArgs
-    from gpupool_sched.scheduler.state import Phase
     from tests.support.apiserver import PODS, serving
 
     async def run() -> None:

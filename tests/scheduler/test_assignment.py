@@ -15,13 +15,13 @@ from gpupool_common.handshake import (
     assignment_annotations,
 )
 from gpupool_deviceplugin.pods import pod_record
+from gpupool_sched.kube.assignment import build_assignment, placement_from_annotations, share_milli
+from gpupool_sched.kube.podspec import ClusterFacts, PodPlan, plan_pod
 from gpupool_sched.model.cluster import ClusterSnapshot, GpuSpec, MigSlice, NodeSpec
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import MILLI, GpuShape, PodRequest
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.registry import build_policy
-from gpupool_sched.scheduler.assignment import build_assignment, placement_from_annotations, share_milli
-from gpupool_sched.scheduler.podspec import ClusterFacts, PodPlan, plan_pod
 
 GIB = 1024
 L40S_MIB = 44 * GIB  # 44 units of 1 GiB, as in the handshake's worked example

@@ -8,10 +8,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gpupool_sched.scheduler.binder import definitely_unbound
-from gpupool_sched.scheduler.kubeapi import ApiError
+from gpupool_sched.cache.entries import Phase
+from gpupool_sched.kube.kubeapi import ApiError
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
-from gpupool_sched.scheduler.state import Phase
+from gpupool_sched.writer.binder import definitely_unbound
 from tests.support.apiserver import PODS, ApiServer, serving, settle
 from tests.support.objects import bump, node_obj, pod_obj
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.leader import FENCE_MARGIN_S, LeaderElector
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
 from tests.support.apiserver import PODS, ApiServer, serving, settle

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpupool_sched.scheduler.gangs import POD_GROUP_LABEL
+from gpupool_sched.framework.plugins.gangs import POD_GROUP_LABEL
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
 from tests.support.apiserver import PODS, ApiServer, serving, settle
 from tests.support.objects import node_obj, pod_obj

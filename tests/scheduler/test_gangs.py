@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 
+from gpupool_sched.cache.entries import Phase as LedgerPhase
+from gpupool_sched.cache.entries import PodEntry
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.plugins.gangs import POD_GROUP_LABEL, Gangs, group_of
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
-from gpupool_sched.scheduler.gangs import POD_GROUP_LABEL, Gangs, group_of
-from gpupool_sched.scheduler.state import ClusterState, PodEntry
-from gpupool_sched.scheduler.state import Phase as LedgerPhase
 
 
 def pg(name: str, spec: dict[str, Any], uid: str = "u1", ns: str = "team") -> dict[str, Any]:

@@ -7,8 +7,8 @@ import gc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpupool_sched.scheduler import gcpolicy
-from gpupool_sched.scheduler.metrics import SchedulerMetrics
+from gpupool_sched.cache import gcpolicy
+from gpupool_sched.metrics import SchedulerMetrics
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes import client
 
 from gpupool_devcluster.pki import ClusterPki
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi
 
 CLIENT_CN = "gpupool-test-client"
 

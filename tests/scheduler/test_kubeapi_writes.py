@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from kubernetes import client
 
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi
 from tests.support.ports import free_port
 from tests.support.recording_server import RecordingServer, with_recording_server
 
@@ -73,7 +73,7 @@ def test_no_server_is_an_api_error_with_status_0() -> None:
 def test_a_burst_waits_for_its_turn_before_its_timeout_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Thousands of binds queue behind `--bind-workers` threads; a request's timeout counts from when it
     goes on the wire, or the tail of a burst would fail without ever having been sent."""
-    monkeypatch.setattr("gpupool_sched.scheduler.kubeapi.REQUEST_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("gpupool_sched.kube.kubeapi.REQUEST_TIMEOUT_S", 0.5)
 
     async def test(api: KubeApi, server: RecordingServer) -> None:
         server.delay_s = 0.2

@@ -7,9 +7,9 @@ import copy
 from prometheus_client import generate_latest
 
 from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory
-from gpupool_sched.scheduler.metrics import GPU_STATES, SchedulerMetrics, gpu_states
-from gpupool_sched.scheduler.queue import QueuedPod, SchedulingQueue
-from gpupool_sched.scheduler.state import ClusterState
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.queue import QueuedPod, SchedulingQueue
+from gpupool_sched.metrics import GPU_STATES, SchedulerMetrics, gpu_states
 from tests.support.objects import node_obj, pod_obj
 from tests.support.scheduler_state import schedule
 
@@ -72,7 +72,7 @@ def test_oldest_created_by_priority_covers_waiting_and_in_flight_pods() -> None:
 def test_per_node_gauges_follow_bound_pods_and_drop_removed_nodes() -> None:
     from kubernetes import client
 
-    from gpupool_sched.scheduler.kubeapi import KubeApi
+    from gpupool_sched.kube.kubeapi import KubeApi
     from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
 
     service = SchedulerService(SchedulerConfig(), KubeApi(client.ApiClient(client.Configuration())))

@@ -8,9 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpupool_sched.model.constraints import NodeConstraints, Requirement, Toleration
-from gpupool_sched.model.request import GpuShape, WorkloadKind
-from gpupool_sched.scheduler.podspec import (
+from gpupool_sched.kube.podspec import (
     ClusterFacts,
     ContainerDemand,
     InvalidPod,
@@ -18,6 +16,8 @@ from gpupool_sched.scheduler.podspec import (
     plan_pod,
     pod_revision,
 )
+from gpupool_sched.model.constraints import NodeConstraints, Requirement, Toleration
+from gpupool_sched.model.request import GpuShape, WorkloadKind
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100_80 = "NVIDIA-A100-SXM4-80GB"

@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, SchedulingQueue
+from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, SchedulingQueue
 
 NODE_ADDED, NODE_CHANGED, GPU_FREED = ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED, ClusterEvent.GPU_FREED
 

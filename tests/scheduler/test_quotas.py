@@ -17,15 +17,8 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, start_wsgi_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpupool_sched.kube.watch import build_registry
-from gpupool_sched.model.decision import Placement
-from gpupool_sched.model.request import PodRequest
-from gpupool_sched.placement.preemption import RunningPod
-from gpupool_sched.placement.quota import Amount, Verdict, admit
-from gpupool_sched.scheduler.kubeapi import KubeApi
-from gpupool_sched.scheduler.labelselector import LabelSelector
-from gpupool_sched.scheduler.podspec import PodPlan
-from gpupool_sched.scheduler.quotas import (
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.plugins.quotas import (
     GROUP,
     PLURAL,
     VERSION,
@@ -33,8 +26,15 @@ from gpupool_sched.scheduler.quotas import (
     QuotaBook,
     parse_quota,
 )
+from gpupool_sched.kube.kubeapi import KubeApi
+from gpupool_sched.kube.labelselector import LabelSelector
+from gpupool_sched.kube.podspec import PodPlan
+from gpupool_sched.kube.watch import build_registry
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.model.request import PodRequest
+from gpupool_sched.placement.preemption import RunningPod
+from gpupool_sched.placement.quota import Amount, Verdict, admit
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
-from gpupool_sched.scheduler.state import ClusterState
 from tests.support.objects import bump, node_obj, nominated, ns_obj, pod_obj, quota_obj, team_spec, terminating
 from tests.support.waiting import eventually
 
@@ -370,7 +370,7 @@ class RecordingApi(KubeApi):
 
 def service_pod(name: str, namespace: str, *, gpus: int = 1, node: str | None = None, priority: int = 0,
                 group: str | None = None, scheduler: str = "gpupool") -> dict[str, Any]:
-    from gpupool_sched.scheduler.gangs import POD_GROUP_LABEL
+    from gpupool_sched.framework.plugins.gangs import POD_GROUP_LABEL
 
     obj = pod_obj(name, gpus=gpus, node=node, scheduler=scheduler, phase="Running" if node else "Pending")
     obj["metadata"]["namespace"] = namespace

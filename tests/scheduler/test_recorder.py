@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpupool_sched.scheduler.kubeapi import KubeApi
-from gpupool_sched.scheduler.metrics import SchedulerMetrics
-from gpupool_sched.scheduler.recorder import EventRecorder, says_unschedulable
+from gpupool_sched.kube.kubeapi import KubeApi
+from gpupool_sched.metrics import SchedulerMetrics
+from gpupool_sched.writer.recorder import EventRecorder, says_unschedulable
 from tests.support.recording_server import RecordingServer, with_recording_server
 
 MESSAGE = "0/3 nodes are available: 3 no single GPU with 48 free memory units."

@@ -12,14 +12,15 @@ from gpupool_common.handshake import (
     ack_annotations,
     assignment_annotations,
 )
+from gpupool_sched.cache.entries import Phase
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.cycle import Cycle
+from gpupool_sched.kube.assignment import build_assignment
+from gpupool_sched.kube.nodes import NodeView
 from gpupool_sched.model.cluster import ClusterSnapshot
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.registry import build_policy
-from gpupool_sched.scheduler.assignment import build_assignment
-from gpupool_sched.scheduler.cycle import Cycle
-from gpupool_sched.scheduler.nodes import NodeView
-from gpupool_sched.scheduler.state import ClusterState, Phase
 from tests.support.objects import bump, node_obj, pod_obj
 from tests.support.scheduler_state import free_gpus, schedule
 
@@ -188,8 +189,8 @@ def test_bound_but_never_seen_is_marked_uncertain_not_freed() -> None:
 
 def test_scheduler_state_decides_exactly_as_the_simulator() -> None:
     """The same small trace through the simulator's replay and through the scheduler's state and cycle."""
+    from gpupool_sched.kube.podspec import PodPlan
     from gpupool_sched.placement.fragmentation import WorkloadProfile
-    from gpupool_sched.scheduler.podspec import PodPlan
     from gpupool_sched.simulate.replay import replay
     from gpupool_sched.simulate.trace import read_trace
 

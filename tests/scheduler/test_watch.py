@@ -9,10 +9,10 @@ import kopf
 import pytest
 from kubernetes import client
 
+from gpupool_sched.kube.kubeapi import KubeApi
 from gpupool_sched.kube.watch import NoDiffBase, build_registry
-from gpupool_sched.scheduler.kubeapi import KubeApi
-from gpupool_sched.scheduler.recorder import EventRecorder
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
+from gpupool_sched.writer.recorder import EventRecorder
 
 
 @pytest.fixture

@@ -11,11 +11,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gpupool_sched.scheduler.gangs import POD_GROUP_LABEL, PODGROUPS
-from gpupool_sched.scheduler.informer import Drift, WatchedKind
-from gpupool_sched.scheduler.quotas import QUOTAS_PATH
+from gpupool_sched.cache.entries import Phase
+from gpupool_sched.framework.plugins.gangs import POD_GROUP_LABEL, PODGROUPS
+from gpupool_sched.framework.plugins.quotas import QUOTAS_PATH
+from gpupool_sched.kube.informer import Drift, WatchedKind
 from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
-from gpupool_sched.scheduler.state import Phase
 from tests.support.apiserver import NODES, PODS, ApiServer, serving
 from tests.support.objects import node_obj, ns_obj, pod_obj, quota_obj, team_spec
 

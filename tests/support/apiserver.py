@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from kubernetes import client
 
-from gpupool_sched.scheduler.kubeapi import KubeApi
+from gpupool_sched.kube.kubeapi import KubeApi
 from tests.support.ports import free_port
 
 PODS = "/api/v1/pods"

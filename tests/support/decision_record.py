@@ -42,8 +42,8 @@ from kubernetes import client
 
 from gpupool_common.handshake import ASSIGNMENT_ANNOTATION
 from gpupool_deviceplugin.publication import node_publication_for_profile
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
-from gpupool_sched.scheduler.queue import ClusterEvent
+from gpupool_sched.framework.queue import ClusterEvent
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
 
 Scenario = dict[str, Any]  # {"name": str, "policy": str, "steps": [step, ...]}

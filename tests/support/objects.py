@@ -13,7 +13,7 @@ from typing import Any
 
 from gpupool_common.handshake import Assignment, ContainerAssignment, MemoryShare, assignment_annotations
 from gpupool_deviceplugin.publication import node_publication_for_profile
-from gpupool_sched.scheduler.quotas import GROUP, VERSION
+from gpupool_sched.framework.plugins.quotas import GROUP, VERSION
 
 _uids = itertools.count()
 _rv = itertools.count(100)

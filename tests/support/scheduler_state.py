@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.cycle import Cycle
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.placement.registry import build_policy
-from gpupool_sched.scheduler.cycle import Cycle
-from gpupool_sched.scheduler.state import ClusterState
 
 
 def free_gpus(state: ClusterState, node: str) -> list[int]:

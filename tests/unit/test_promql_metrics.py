@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from gpupool_deviceplugin.metrics import PluginMetrics
-from gpupool_sched.scheduler.metrics import SchedulerMetrics
+from gpupool_sched.metrics import SchedulerMetrics
 
 FILES = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "gpupool" / "files"
 DASHBOARD = FILES / "gpupool-dashboard.json"

@@ -12,10 +12,10 @@ from enum import StrEnum
 from typing import Any
 
 from gpupool_common.handshake import Assignment, HandshakeError, parse_ack, parse_assignment
+from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.cluster import NodeSpec
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
-from gpupool_sched.scheduler.podspec import PodPlan
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from gpupool_sched.cache.entries import Nomination, Phase, PodEntry, Shape, Tombstone, fits_layout, without_gpus
+from gpupool_sched.kube.nodes import NodeView
+from gpupool_sched.kube.podspec import ClusterFacts, PodPlan, plan_pod
 from gpupool_sched.model.cluster import ClusterSnapshot, NodeSpec
 from gpupool_sched.model.decision import Placement
-from gpupool_sched.scheduler.nodes import NodeView
-from gpupool_sched.scheduler.podspec import ClusterFacts, PodPlan, plan_pod
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.queue import ClusterEvent
 from gpupool_sched.placement.workload import RollingProfile
-from gpupool_sched.scheduler.queue import ClusterEvent
-from gpupool_sched.scheduler.state import ClusterState
 
 
 @dataclass(frozen=True, slots=True)

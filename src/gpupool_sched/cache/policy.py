@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.registry import POLICIES, build_policy
 from gpupool_sched.placement.workload import RollingProfile, forget_profile
-from gpupool_sched.scheduler.state import ClusterState
 
 
 class PolicyCache:

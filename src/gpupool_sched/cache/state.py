@@ -46,12 +46,12 @@ from gpupool_sched.cache.entries import (
     without_gpus,
 )
 from gpupool_sched.cache.nominator import Nominator
+from gpupool_sched.framework.queue import ClusterEvent
+from gpupool_sched.kube.assignment import placement_from_annotations
+from gpupool_sched.kube.nodes import NodeView, node_view
+from gpupool_sched.kube.podspec import InvalidPod, PodPlan, plan_pod
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
-from gpupool_sched.scheduler.assignment import placement_from_annotations
-from gpupool_sched.scheduler.nodes import NodeView, node_view
-from gpupool_sched.scheduler.podspec import InvalidPod, PodPlan, plan_pod
-from gpupool_sched.scheduler.queue import ClusterEvent
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gpupool_sched.scheduler import gcpolicy
-from gpupool_sched.scheduler.informer import Informers
-from gpupool_sched.scheduler.kubeapi import ApiError
+from gpupool_sched.cache import gcpolicy
+from gpupool_sched.kube.informer import Informers
+from gpupool_sched.kube.kubeapi import ApiError
 
 log = logging.getLogger(__name__)
 

@@ -22,16 +22,16 @@ import numpy as np
 
 from gpupool_sched.cache.nodes import apply_node_event
 from gpupool_sched.cache.policy import PolicyCache
+from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.cache.sync import caches_ready, initial_sync, stop_syncing
+from gpupool_sched.framework.plugins.quotas import QuotaBook, quota_kinds
+from gpupool_sched.framework.queue import QueuedPod
+from gpupool_sched.kube.informer import Informers, WatchedKind
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi
+from gpupool_sched.kube.podspec import InvalidPod
 from gpupool_sched.model.decision import Unschedulable
 from gpupool_sched.placement.decide import decide
-from gpupool_sched.scheduler.binder import Binder, BindOutcome
-from gpupool_sched.scheduler.informer import Informers, WatchedKind
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
-from gpupool_sched.scheduler.podspec import InvalidPod
-from gpupool_sched.scheduler.queue import QueuedPod
-from gpupool_sched.scheduler.quotas import QuotaBook, quota_kinds
-from gpupool_sched.scheduler.state import ClusterState
+from gpupool_sched.writer.binder import Binder, BindOutcome
 
 from .metrics import ExtenderMetrics
 from .protocol import (

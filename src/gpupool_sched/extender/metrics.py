@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from gpupool_sched.scheduler.metrics import SchedulerMetrics
+from gpupool_sched.metrics import SchedulerMetrics
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)

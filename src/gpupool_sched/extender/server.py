@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gpupool_sched.scheduler.endpoints import health_routes
+from gpupool_sched.kube.endpoints import health_routes
 
 from .core import Extender, NotReady
 from .protocol import BadRequest, parse_binding_args, parse_extender_args, parse_preemption_args

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpupool_sched.scheduler.gangs import PodGroup
-from gpupool_sched.scheduler.podspec import PodPlan
-from gpupool_sched.scheduler.queue import QueuedPod
+from gpupool_sched.framework.plugins.gangs import PodGroup
+from gpupool_sched.framework.queue import QueuedPod
+from gpupool_sched.kube.podspec import PodPlan
 
 
 @dataclass(slots=True)

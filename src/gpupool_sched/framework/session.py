@@ -18,13 +18,13 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Unschedulable
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
 from gpupool_sched.placement.preemption import Preemption, RunningPod
 from gpupool_sched.placement.sampling import NodeSampler
-from gpupool_sched.scheduler.podspec import PodPlan
 
 T = TypeVar("T")
 Candidates = Callable[[], list[RunningPod]]

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from types import TracebackType
 
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.placement.preemption import Preemption
-from gpupool_sched.scheduler.podspec import PodPlan
-from gpupool_sched.scheduler.state import ClusterState
 
 
 class Statement:

@@ -81,8 +81,8 @@ def add_log_level(p: argparse.ArgumentParser) -> None:
 def start_server_process(level: str) -> None:
     """Logging at `level`, and the garbage collector and GIL switch interval of a long-running server:
     once, at process start, before connecting."""
-    from gpupool_sched.scheduler import gcpolicy
-    from gpupool_sched.scheduler.apiwriter import tune_switch_interval
+    from gpupool_sched.cache import gcpolicy
+    from gpupool_sched.writer.apiwriter import tune_switch_interval
 
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     gcpolicy.tune()

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from gpupool_sched.errors import UserError
-from gpupool_sched.scheduler.kubeapi import DEFAULT_WORKERS, KubeApi
+from gpupool_sched.kube.kubeapi import DEFAULT_WORKERS, KubeApi
 
 
 def kube_client(kubeconfig: str | None, pool_size: int = 8) -> tuple[Any, str]:

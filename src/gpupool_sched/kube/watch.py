@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import kopf
 
-from gpupool_sched.scheduler.informer import Informers
-from gpupool_sched.scheduler.kubeapi import KubeApi
+from gpupool_sched.kube.informer import Informers
+from gpupool_sched.kube.kubeapi import KubeApi
 
 
 class Watching(Protocol):

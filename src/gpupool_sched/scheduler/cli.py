@@ -113,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: object, api: object, metrics_port: int, metrics_address: str) -> None:
+    from gpupool_sched.kube.endpoints import start_endpoints
     from gpupool_sched.kube.watch import run_operator
-    from gpupool_sched.scheduler.endpoints import start_endpoints
     from gpupool_sched.scheduler.service import SchedulerService
 
     service = SchedulerService(config, api)  # type: ignore[arg-type]
@@ -125,7 +125,7 @@ async def _serve(config: object, api: object, metrics_port: int, metrics_address
     runner = None
     if metrics_port:
         try:
-            runner = await start_endpoints(service, metrics_port, metrics_address)
+            runner = await start_endpoints(service.metrics.registry, service.readiness, metrics_port, metrics_address)
         except OSError as exc:
             raise UserError(f"cannot listen on {metrics_address}:{metrics_port}: {exc.strerror or exc}") from None
     try:

@@ -9,12 +9,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool_sched.scheduler.binder import BindOutcome
-from gpupool_sched.scheduler.gangs import GROUP, PLURAL, VERSION, Gangs, group_of
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
-from gpupool_sched.scheduler.metrics import SchedulerMetrics
-from gpupool_sched.scheduler.recorder import EventRecorder
-from gpupool_sched.scheduler.state import ClusterState
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.plugins.gangs import GROUP, PLURAL, VERSION, Gangs, group_of
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi
+from gpupool_sched.metrics import SchedulerMetrics
+from gpupool_sched.writer.binder import BindOutcome
+from gpupool_sched.writer.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
 POD_GROUP = (f"{GROUP}/{VERSION}", "PodGroup")

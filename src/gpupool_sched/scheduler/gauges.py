@@ -8,10 +8,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from gpupool_sched.cache.entries import Phase
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.queue import SchedulingQueue
+from gpupool_sched.metrics import GPU_STATES, SchedulerMetrics, gpu_states
 from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragmentation_milli
-from gpupool_sched.scheduler.metrics import GPU_STATES, SchedulerMetrics, gpu_states
-from gpupool_sched.scheduler.queue import SchedulingQueue
-from gpupool_sched.scheduler.state import ClusterState, Phase
 
 
 class Gauges:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi, now_rfc3339
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi, now_rfc3339
 
 log = logging.getLogger(__name__)
 

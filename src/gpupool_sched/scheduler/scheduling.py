@@ -14,29 +14,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.cycle import Cycle, CycleResult, GangResult
 from gpupool_sched.framework.job import Job
+from gpupool_sched.framework.plugins.gangs import GROUP, Gangs, group_of
+from gpupool_sched.framework.plugins.quotas import QuotaBook
+from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, SchedulingQueue
 from gpupool_sched.framework.session import Steps, drive, drive_offloaded
+from gpupool_sched.kube.podspec import InvalidPod, PodPlan
+from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
 from gpupool_sched.placement.preemption import Preemption
 from gpupool_sched.placement.quota import Verdict
-from gpupool_sched.scheduler.binder import Binder
-from gpupool_sched.scheduler.cycle import Cycle, CycleResult, GangResult
-from gpupool_sched.scheduler.gangs import GROUP, Gangs, group_of
-from gpupool_sched.scheduler.metrics import SchedulerMetrics
-from gpupool_sched.scheduler.podspec import InvalidPod, PodPlan
-from gpupool_sched.scheduler.preemptor import (
+from gpupool_sched.writer.binder import Binder
+from gpupool_sched.writer.preemptor import (
     DisruptionBudgets,
     Preemptor,
     eviction_reason,
     may_preempt,
     running_pods,
 )
-from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, SchedulingQueue
-from gpupool_sched.scheduler.quotas import QuotaBook
-from gpupool_sched.scheduler.recorder import EventRecorder, says_unschedulable
-from gpupool_sched.scheduler.state import ClusterState
+from gpupool_sched.writer.recorder import EventRecorder, says_unschedulable
 
 log = logging.getLogger(__name__)
 

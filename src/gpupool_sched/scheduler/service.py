@@ -25,30 +25,30 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from gpupool_sched.cache import gcpolicy
 from gpupool_sched.cache.nodes import apply_node_event
 from gpupool_sched.cache.policy import PolicyCache
+from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.cache.sync import caches_ready, initial_sync, stop_syncing
-from gpupool_sched.scheduler import gcpolicy
-from gpupool_sched.scheduler.binder import Binder, BindOutcome
-from gpupool_sched.scheduler.cycle import Cycle
+from gpupool_sched.framework.cycle import Cycle
+from gpupool_sched.framework.plugins.gangs import PODGROUPS, Gangs
+from gpupool_sched.framework.plugins.quotas import QuotaBook, quota_kinds
+from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, QuotaFreed, SchedulingQueue
+from gpupool_sched.kube.informer import Informers, WatchedKind
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi
+from gpupool_sched.kube.podspec import pod_revision
+from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.scheduler.gang_upkeep import GangUpkeep
-from gpupool_sched.scheduler.gangs import PODGROUPS, Gangs
 from gpupool_sched.scheduler.gauges import Gauges
-from gpupool_sched.scheduler.informer import Informers, WatchedKind
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
 from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
-from gpupool_sched.scheduler.metrics import SchedulerMetrics
-from gpupool_sched.scheduler.podspec import pod_revision
-from gpupool_sched.scheduler.preemptor import (
+from gpupool_sched.scheduler.scheduling import Scheduling
+from gpupool_sched.writer.binder import Binder, BindOutcome
+from gpupool_sched.writer.preemptor import (
     DEFAULT_MAX_CHECKPOINT_GRACE_S,
     DisruptionBudgets,
     Preemptor,
 )
-from gpupool_sched.scheduler.queue import ClusterEvent, QueuedPod, QuotaFreed, SchedulingQueue
-from gpupool_sched.scheduler.quotas import QuotaBook, quota_kinds
-from gpupool_sched.scheduler.recorder import EventRecorder
-from gpupool_sched.scheduler.scheduling import Scheduling
-from gpupool_sched.scheduler.state import ClusterState
+from gpupool_sched.writer.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ def read_cluster(kubeconfig: str | None, selector: str | None) -> tuple[Any, str
     from kubernetes.client.exceptions import ApiException
 
     from gpupool_sched.kube.connection import kube_client, root_cause, server_version
-    from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
+    from gpupool_sched.kube.kubeapi import ApiError, KubeApi
     from gpupool_sched.status.collect import Listing
 
     logging.getLogger("gpupool_sched").setLevel(logging.ERROR)  # what the state would log is in the report

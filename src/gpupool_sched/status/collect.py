@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from gpupool_sched.cache.entries import TERMINAL_PHASES, PodEntry
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.kube.nodes import NodeView
+from gpupool_sched.kube.podspec import InvalidPod
 from gpupool_sched.model.request import MILLI
 from gpupool_sched.placement.fragmentation import cluster_fragmentation_milli
 from gpupool_sched.placement.workload import RollingProfile, typical_gpu_memory_mib
-from gpupool_sched.scheduler.nodes import NodeView
-from gpupool_sched.scheduler.podspec import InvalidPod
-from gpupool_sched.scheduler.state import TERMINAL_PHASES, ClusterState, PodEntry
 from gpupool_sched.status.model import (
     ClusterStatus,
     Fragmentation,

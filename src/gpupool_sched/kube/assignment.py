@@ -13,11 +13,11 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 
 from gpupool_common.handshake import AllocationAck, Assignment, ContainerAssignment, MemoryShare
+from gpupool_sched.kube.containers import MIG_PREFIX, RESOURCE_GPU, RESOURCE_MEMORY, ContainerDemand
+from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.cluster import GpuSpec, NodeSpec
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import MILLI, GpuShape, PodRequest
-from gpupool_sched.scheduler.containers import MIG_PREFIX, RESOURCE_GPU, RESOURCE_MEMORY, ContainerDemand
-from gpupool_sched.scheduler.podspec import PodPlan
 
 _GPU_FIELDS = frozenset({"name", "gpu_count", "gpu_milli", "gpu_memory_mib", "mig_profile", "mig_count", "extra"})
 

@@ -17,15 +17,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool_sched.cache.entries import CHECKPOINT_GRACE, PodEntry
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi
+from gpupool_sched.kube.labelselector import LabelSelector
+from gpupool_sched.kube.podspec import PodPlan
+from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.preemption import Preemption, RunningPod
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
-from gpupool_sched.scheduler.labelselector import LabelSelector
-from gpupool_sched.scheduler.metrics import SchedulerMetrics
-from gpupool_sched.scheduler.podspec import PodPlan
-from gpupool_sched.scheduler.queue import ClusterEvent, SchedulingQueue
-from gpupool_sched.scheduler.recorder import EventRecorder
-from gpupool_sched.scheduler.state import CHECKPOINT_GRACE, ClusterState, PodEntry
+from gpupool_sched.writer.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool_sched.kube.labelselector import LabelSelector
 from gpupool_sched.placement.quota import Amount
-from gpupool_sched.scheduler.labelselector import LabelSelector
 
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")

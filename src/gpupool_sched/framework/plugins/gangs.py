@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool_sched.scheduler.state import ClusterState
+from gpupool_sched.cache.state import ClusterState
 
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 GROUP, VERSION, PLURAL = "scheduling.x-k8s.io", "v1alpha1", "podgroups"

@@ -24,7 +24,7 @@ import aiohttp
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupool_sched.scheduler.apiwriter import ApiWriter, Fence, Fenced, Lane
+from gpupool_sched.writer.apiwriter import ApiWriter, Fence, Fenced, Lane
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"

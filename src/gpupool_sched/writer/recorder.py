@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpupool_sched.scheduler.kubeapi import MAX_MESSAGE, ApiError, KubeApi
-from gpupool_sched.scheduler.metrics import SchedulerMetrics
+from gpupool_sched.kube.kubeapi import MAX_MESSAGE, ApiError, KubeApi
+from gpupool_sched.metrics import SchedulerMetrics
 
 log = logging.getLogger(__name__)
 

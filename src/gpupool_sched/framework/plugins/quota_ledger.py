@@ -9,10 +9,11 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from gpupool_sched.cache.entries import Phase, PodEntry
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.plugins.quota_spec import _Record
 from gpupool_sched.placement.quota import Amount, Cohort, Quota, held_by, owners, total
 from gpupool_sched.placement.quota import usage as count_usage
-from gpupool_sched.scheduler.quota_spec import _Record
-from gpupool_sched.scheduler.state import ClusterState, Phase, PodEntry
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from gpupool_sched.scheduler.state import ClusterState
+    from gpupool_sched.cache.state import ClusterState
 
 # ApiError.kind values, and the binder's own reasons
 BIND_FAILURE_REASONS = ("conflict", "not_found", "forbidden", "invalid", "throttled", "server", "unreachable",

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool_sched.kube.pod_input import _amount, _devices, _Findings, _list, _map, _resource_map, _show, _text
 from gpupool_sched.model.request import MILLI
-from gpupool_sched.scheduler.pod_input import _amount, _devices, _Findings, _list, _map, _resource_map, _show, _text
 
 RESOURCE_GPU = "nvidia.com/gpu"
 RESOURCE_MEMORY = "nvidia.com/gpu-memory"

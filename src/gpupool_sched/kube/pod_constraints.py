@@ -7,9 +7,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gpupool_sched.kube.pod_input import _Findings, _list, _map, _show, _text
 from gpupool_sched.model.constraints import NodeConstraints, Requirement, Toleration
 from gpupool_sched.model.request import InvalidRequest
-from gpupool_sched.scheduler.pod_input import _Findings, _list, _map, _show, _text
 
 _EXPRESSION_OPS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 _FIELD_OPS = ("In", "NotIn")

@@ -1,5 +1,5 @@
-"""`/metrics`, `/healthz` and `/readyz` on one port, served from the scheduler's event loop (aiohttp,
-which kopf already brings)."""
+"""`/metrics`, `/healthz` and `/readyz` on one port, served from a front end's event loop (aiohttp, which
+kopf already brings)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
-from gpupool_sched.scheduler.service import SchedulerService
 
 
 def health_routes(registry: CollectorRegistry, readiness: Callable[[], tuple[bool, str]]) -> list[web.RouteDef]:
@@ -26,9 +24,10 @@ def health_routes(registry: CollectorRegistry, readiness: Callable[[], tuple[boo
     return [web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz)]
 
 
-async def start_endpoints(service: SchedulerService, port: int, host: str = "0.0.0.0") -> web.AppRunner:
+async def start_endpoints(registry: CollectorRegistry, readiness: Callable[[], tuple[bool, str]], port: int,
+                          host: str = "0.0.0.0") -> web.AppRunner:
     app = web.Application()
-    app.add_routes(health_routes(service.metrics.registry, service.readiness))
+    app.add_routes(health_routes(registry, readiness))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpupool_common.handshake import assignment_annotations
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.queue import QueuedPod
+from gpupool_sched.kube.assignment import build_assignment
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi
+from gpupool_sched.kube.podspec import PodPlan
+from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.model.decision import Placement
-from gpupool_sched.scheduler.assignment import build_assignment
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
-from gpupool_sched.scheduler.metrics import SchedulerMetrics
-from gpupool_sched.scheduler.podspec import PodPlan
-from gpupool_sched.scheduler.queue import QueuedPod
-from gpupool_sched.scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
 

@@ -14,18 +14,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.actions import ACTIONS
 from gpupool_sched.framework.session import Candidates, Outcome, Session, Steps, drive
 from gpupool_sched.framework.statement import Statement
+from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Unschedulable
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
 from gpupool_sched.placement.preemption import Preemption
 from gpupool_sched.placement.sampling import NodeSampler
-from gpupool_sched.scheduler.podspec import PodPlan
-from gpupool_sched.scheduler.preemptor import DEFAULT_MAX_CHECKPOINT_GRACE_S, nomination_timeout_s
-from gpupool_sched.scheduler.state import ClusterState
+from gpupool_sched.writer.preemptor import DEFAULT_MAX_CHECKPOINT_GRACE_S, nomination_timeout_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from gpupool_sched.model.request import MILLI, GpuShape, InvalidRequest, PodRequest, WorkloadKind
-from gpupool_sched.scheduler.containers import (
+from gpupool_sched.kube.containers import (
     MIG_PREFIX,
     RESOURCE_GPU,
     RESOURCE_MEMORY,
@@ -43,10 +42,10 @@ from gpupool_sched.scheduler.containers import (
     _containers,
     _pod_level_resources,
 )
-from gpupool_sched.scheduler.containers import ContainerDemand as ContainerDemand
-from gpupool_sched.scheduler.pod_constraints import _constraints
-from gpupool_sched.scheduler.pod_input import InvalidPod as InvalidPod
-from gpupool_sched.scheduler.pod_input import (
+from gpupool_sched.kube.containers import ContainerDemand as ContainerDemand
+from gpupool_sched.kube.pod_constraints import _constraints
+from gpupool_sched.kube.pod_input import InvalidPod as InvalidPod
+from gpupool_sched.kube.pod_input import (
     _amount,
     _Findings,
     _map,
@@ -56,6 +55,7 @@ from gpupool_sched.scheduler.pod_input import (
     _text,
     _timestamp,
 )
+from gpupool_sched.model.request import MILLI, GpuShape, InvalidRequest, PodRequest, WorkloadKind
 
 MODEL_ANNOTATION = "gpupool.io/gpu-model"
 WORKLOAD_ANNOTATION = "gpupool.io/workload"

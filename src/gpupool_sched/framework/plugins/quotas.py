@@ -31,27 +31,28 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from gpupool_sched.placement.preemption import RunningPod
-from gpupool_sched.placement.quota import Amount, Verdict, admit, demand_of, held_by, reclaim_candidates, total
-from gpupool_sched.scheduler.hints import ClusterEvent, Hint, QuotaFreed
-from gpupool_sched.scheduler.informer import WatchedKind
-from gpupool_sched.scheduler.kubeapi import ApiError, KubeApi
-from gpupool_sched.scheduler.podspec import InvalidPod
-from gpupool_sched.scheduler.quota_ledger import QuotaLedger
-from gpupool_sched.scheduler.quota_spec import InvalidQuota as InvalidQuota
-from gpupool_sched.scheduler.quota_spec import _Record
-from gpupool_sched.scheduler.quota_spec import parse_quota as parse_quota
-from gpupool_sched.scheduler.quota_status import (
+from gpupool_sched.cache.entries import PodEntry
+from gpupool_sched.cache.events import ClusterEvent, Hint, QuotaFreed
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.plugins.quota_ledger import QuotaLedger
+from gpupool_sched.framework.plugins.quota_spec import InvalidQuota as InvalidQuota
+from gpupool_sched.framework.plugins.quota_spec import _Record
+from gpupool_sched.framework.plugins.quota_spec import parse_quota as parse_quota
+from gpupool_sched.framework.plugins.quota_status import (
     QuotaGauges,
     _same_status,
     _with_transition_times,
     invalid_status,
     valid_status,
 )
-from gpupool_sched.scheduler.state import ClusterState, PodEntry
+from gpupool_sched.kube.informer import WatchedKind
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi
+from gpupool_sched.kube.podspec import InvalidPod
+from gpupool_sched.placement.preemption import RunningPod
+from gpupool_sched.placement.quota import Amount, Verdict, admit, demand_of, held_by, reclaim_candidates, total
 
 if TYPE_CHECKING:
-    from gpupool_sched.scheduler.podspec import PodPlan
+    from gpupool_sched.kube.podspec import PodPlan
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from gpupool_sched.framework.plugins.quota_spec import _Record
+from gpupool_sched.kube.kubeapi import now_rfc3339
 from gpupool_sched.placement.quota import Amount, Quota, borrowed, overlaps
-from gpupool_sched.scheduler.kubeapi import now_rfc3339
-from gpupool_sched.scheduler.quota_spec import _Record
 
 
 @dataclass

@@ -27,9 +27,9 @@ from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool_sched.scheduler.hints import ClusterEvent as ClusterEvent
-from gpupool_sched.scheduler.hints import Hint as Hint
-from gpupool_sched.scheduler.hints import QuotaFreed as QuotaFreed
+from gpupool_sched.cache.events import ClusterEvent as ClusterEvent
+from gpupool_sched.cache.events import Hint as Hint
+from gpupool_sched.cache.events import QuotaFreed as QuotaFreed
 
 ACTIVE, BACKOFF, UNSCHEDULABLE = "active", "backoff", "unschedulable"
 _COMPACT_MIN = 1024  # stale heap entries tolerated before a rebuild (also at most the live count)

@@ -1,0 +1,1 @@
+"""Plugins the actions ask: gangs (job-ready: minMember), GpuQuota (admission and reclaim candidates)."""
