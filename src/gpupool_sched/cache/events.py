@@ -1,4 +1,4 @@
-"""What a parked pod waits for (scheduler/queue.py): a cluster event that may make an unschedulable pod
+"""What a parked pod waits for (framework/queue.py): a cluster event that may make an unschedulable pod
 fit (`ClusterEvent`), or the usage of a GpuQuota's team dropping (`QuotaFreed`); a `Hint` is either.
 The queue wakes the pods parked on a hint when it is reported (`SchedulingQueue.on_event`)."""
 

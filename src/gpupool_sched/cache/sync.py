@@ -22,7 +22,7 @@ NOT_SYNCED = "caches not synced"
 
 async def initial_sync(informers: Informers, *, attempts: int = 1, freeze_gc: bool = False) -> None:
     """LIST every watched kind into the state; a failed LIST is tried again, 1 s, 2 s, 4 s ... later, up
-    to `attempts` in all. `freeze_gc`: the process's own, gc.freeze() after it (scheduler/gcpolicy.py)."""
+    to `attempts` in all. `freeze_gc`: the process's own, gc.freeze() after it (cache/gcpolicy.py)."""
     for attempt in range(attempts):
         try:
             await informers.list_all(initial=True)

@@ -64,7 +64,7 @@ class ExtenderConfig:
     housekeeping_s: float = 1.0
     consistency_check_s: float = 300.0  # a re-list of every watched kind that repairs what the watch missed
     max_cached_pods: int = 50000
-    freeze_gc: bool = False  # the process's own (CLI): gc.freeze() after the first sync (scheduler/gcpolicy.py)
+    freeze_gc: bool = False  # the process's own (CLI): gc.freeze() after the first sync (cache/gcpolicy.py)
 
 
 class Extender:

@@ -13,7 +13,7 @@ A popped pod is *in flight* until the cycle hands it back with exactly one of `p
 kept: an update of the pod replaces its payload, and cluster events are recorded, so that a pod found
 unschedulable just after the event that would have made it fit goes to backoff instead of waiting for
 the next such event (kube-scheduler's in-flight events). Heaps with lazy deletion keep every operation
-O(log n); everything runs on one thread, so there are no locks. The hints: scheduler/hints.py.
+O(log n); everything runs on one thread, so there are no locks. The hints: cache/events.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A pod's containers (scheduler/podspec.py): each one's device-plugin resources (`ContainerDemand`),
+"""A pod's containers (kube/podspec.py): each one's device-plugin resources (`ContainerDemand`),
 their checks, and the pod's effective requests as kube-scheduler computes them (Kubernetes >= 1.29,
 with restartable init containers; spec.resources when set). Device resources follow docs/gpu-pool.md
 and the handshake's rule 3 for init containers (docs/handshake.md)."""

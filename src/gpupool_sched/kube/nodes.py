@@ -3,7 +3,7 @@ taints, cordon, and the GPUs of the device plugin's `gpupool.io/gpu-inventory` a
 
 GPU model names are the inventory's product names spelled as GPU Feature Discovery spells its label
 (`NVIDIA H100 80GB HBM3` -> `NVIDIA-H100-80GB-HBM3`); the `gpupool.io/gpu-model` pod annotation is
-matched against these (scheduler/podspec.py).
+matched against these (kube/podspec.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A pod's node constraints (scheduler/podspec.py): spec.nodeSelector, the required node affinity and
+"""A pod's node constraints (kube/podspec.py): spec.nodeSelector, the required node affinity and
 the tolerations, checked and read into the placement core's `NodeConstraints`."""
 
 from __future__ import annotations

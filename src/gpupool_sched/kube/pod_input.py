@@ -1,4 +1,4 @@
-"""Reading a pod's untrusted JSON (scheduler/podspec.py): `InvalidPod`, the findings it is raised from
+"""Reading a pod's untrusted JSON (kube/podspec.py): `InvalidPod`, the findings it is raised from
 (`_Findings`), and the readers of Kubernetes quantities and plain values, which record what is wrong in
 the findings instead of raising. Quantities are rounded up, as Kubernetes does: CPU in milli, memory in
 MiB; device counts are positive integers."""

@@ -1,7 +1,7 @@
 """kopf wiring: the watches that feed a component (the scheduler service or the extender), and
 nothing that writes to watched objects.
 
-One handler per kind the component's informers follow (scheduler/informer.py), so the scheduler and
+One handler per kind the component's informers follow (kube/informer.py), so the scheduler and
 the extender differ only by the kinds they list. Only `@kopf.on.event` handlers are used: they store
 nothing on the objects (no finalizers, no last-handled-configuration annotations, unlike
 on.create/update, daemons and timers). The handlers are coroutines: kopf runs plain functions on its

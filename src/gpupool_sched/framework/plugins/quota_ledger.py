@@ -1,4 +1,4 @@
-"""What the GpuQuotas' teams hold (scheduler/quotas.py): the valid quotas resolved against the
+"""What the GpuQuotas' teams hold (framework/plugins/quotas.py): the valid quotas resolved against the
 namespaces' labels, and each one's usage kept up to date from ClusterState's ledger as it changes (a
 check costs O(quotas), not O(pods)), verified now and then by a full recount. `QuotaLedger` is the base
 of `QuotaBook`, which adds the watch events, the cycle's questions and the status it publishes."""

@@ -1,4 +1,4 @@
-"""A GpuQuota object (scheduler/quotas.py): its spec read and validated (`parse_quota`, `InvalidQuota`
+"""A GpuQuota object (framework/plugins/quotas.py): its spec read and validated (`parse_quota`, `InvalidQuota`
 naming every problem), and the record the QuotaBook keeps of each one it has seen on the watch."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the QuotaBook reports about each GpuQuota (scheduler/quotas.py): the status it should show (used,
+"""What the QuotaBook reports about each GpuQuota (framework/plugins/quotas.py): the status it should show (used,
 borrowed, governed namespaces, Valid and Overlapping conditions), compared with the one it shows and
 stamped with transition times, and the per-quota gauges."""
 
