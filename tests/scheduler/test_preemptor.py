@@ -11,19 +11,19 @@ import pytest
 from gpupool_sched.cache.entries import Phase
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.cycle import Cycle, CycleResult
+from gpupool_sched.framework.plugins.victims import (
+    DEFAULT_MAX_CHECKPOINT_GRACE_S,
+    DisruptionBudgets,
+    may_preempt,
+    nomination_timeout_s,
+    running_pods,
+)
 from gpupool_sched.framework.queue import QueuedPod, SchedulingQueue
 from gpupool_sched.framework.statement import Statement
 from gpupool_sched.kube.kubeapi import ApiError
 from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.placement.registry import build_policy
-from gpupool_sched.writer.preemptor import (
-    DEFAULT_MAX_CHECKPOINT_GRACE_S,
-    DisruptionBudgets,
-    Preemptor,
-    may_preempt,
-    nomination_timeout_s,
-    running_pods,
-)
+from gpupool_sched.writer.preemptor import Preemptor
 from tests.support.objects import bump, node_obj, nominated, pod_obj, terminating
 from tests.support.scheduler_state import free_gpus
 

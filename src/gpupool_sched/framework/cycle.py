@@ -16,6 +16,7 @@ import numpy as np
 
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.actions import ACTIONS
+from gpupool_sched.framework.plugins.victims import DEFAULT_MAX_CHECKPOINT_GRACE_S, nomination_timeout_s
 from gpupool_sched.framework.session import Candidates, Outcome, Session, Steps, drive
 from gpupool_sched.framework.statement import Statement
 from gpupool_sched.kube.podspec import PodPlan
@@ -25,7 +26,6 @@ from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
 from gpupool_sched.placement.preemption import Preemption
 from gpupool_sched.placement.sampling import NodeSampler
-from gpupool_sched.writer.preemptor import DEFAULT_MAX_CHECKPOINT_GRACE_S, nomination_timeout_s
 
 
 @dataclass(frozen=True, slots=True)

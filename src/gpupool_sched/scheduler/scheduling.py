@@ -19,6 +19,7 @@ from gpupool_sched.framework.cycle import Cycle, CycleResult, GangResult
 from gpupool_sched.framework.job import Job
 from gpupool_sched.framework.plugins.gangs import GROUP, Gangs, group_of
 from gpupool_sched.framework.plugins.quotas import QuotaBook
+from gpupool_sched.framework.plugins.victims import DisruptionBudgets, eviction_reason, may_preempt, running_pods
 from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, SchedulingQueue
 from gpupool_sched.framework.session import Steps, drive, drive_offloaded
 from gpupool_sched.kube.podspec import InvalidPod, PodPlan
@@ -29,13 +30,7 @@ from gpupool_sched.placement.gang_preemption import GangPreemption
 from gpupool_sched.placement.preemption import Preemption
 from gpupool_sched.placement.quota import Verdict
 from gpupool_sched.writer.binder import Binder
-from gpupool_sched.writer.preemptor import (
-    DisruptionBudgets,
-    Preemptor,
-    eviction_reason,
-    may_preempt,
-    running_pods,
-)
+from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder, says_unschedulable
 
 log = logging.getLogger(__name__)

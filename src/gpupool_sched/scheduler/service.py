@@ -33,6 +33,7 @@ from gpupool_sched.cache.sync import caches_ready, initial_sync, stop_syncing
 from gpupool_sched.framework.cycle import Cycle
 from gpupool_sched.framework.plugins.gangs import PODGROUPS, Gangs
 from gpupool_sched.framework.plugins.quotas import QuotaBook, quota_kinds
+from gpupool_sched.framework.plugins.victims import DEFAULT_MAX_CHECKPOINT_GRACE_S, DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, QuotaFreed, SchedulingQueue
 from gpupool_sched.kube.informer import Informers, WatchedKind
 from gpupool_sched.kube.kubeapi import ApiError, KubeApi
@@ -43,11 +44,7 @@ from gpupool_sched.scheduler.gauges import Gauges
 from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
 from gpupool_sched.scheduler.scheduling import Scheduling
 from gpupool_sched.writer.binder import Binder, BindOutcome
-from gpupool_sched.writer.preemptor import (
-    DEFAULT_MAX_CHECKPOINT_GRACE_S,
-    DisruptionBudgets,
-    Preemptor,
-)
+from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
