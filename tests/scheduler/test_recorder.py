@@ -195,3 +195,29 @@ def test_a_condition_is_not_written_again_once_the_pod_no_longer_waits() -> None
         assert [r["path"].rsplit("/", 1)[-1] for r in server.seen] == ["events", "status"]
 
     _run(test, retry_s=0.1, waiting=lambda uid: waiting.get(uid, False))
+
+
+def _flood(keep_scheduled: bool) -> tuple[int, float]:
+    """60 Scheduled reports at once into a recorder with room for 4: (Events posted, counted as dropped)."""
+    out: list[tuple[int, float]] = []
+
+    async def test(recorder: EventRecorder, server: RecordingServer, metrics: SchedulerMetrics) -> None:
+        for i in range(60):
+            recorder.scheduled("team-a", f"p{i}", f"uid-{i}", "n1")
+        recorder.unschedulable("team-a", "late", "uid-late", MESSAGE)  # with the backlog: room kept for it
+        await _drain(recorder)
+        posts = [r for r in server.seen if r["method"] == "POST" and r["body"].get("reason") == "Scheduled"]
+        assert len({r["body"]["involvedObject"]["name"] for r in posts}) == len(posts)  # each once
+        if keep_scheduled:
+            assert any(r["body"].get("reason") == "FailedScheduling" for r in server.seen)
+        out.append((len(posts), _outcome(metrics, "dropped", "Scheduled")))
+
+    _run(test, workers=2, capacity=4, keep_scheduled=keep_scheduled)
+    return out[0]
+
+
+def test_with_keep_scheduled_every_bound_pod_gets_its_scheduled_event() -> None:
+    posted, dropped = _flood(keep_scheduled=True)
+    assert (posted, dropped) == (60, 0)
+    best_effort_posted, best_effort_dropped = _flood(keep_scheduled=False)  # the default drops and counts
+    assert best_effort_dropped > 0 and best_effort_posted + best_effort_dropped == 60

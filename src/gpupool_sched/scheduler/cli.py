@@ -65,6 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Bindings (and other writes of the cycle) in flight at once")
     p.add_argument("--event-workers", type=cli_args.positive(int), default=16,
                    help="Events and PodScheduled conditions in flight at once, with a limit of their own")
+    p.add_argument("--scheduled-events", choices=("best-effort", "all"), default="best-effort",
+                   help="best-effort: a Scheduled Event that finds the Event queue full is dropped (counted), as "
+                        "kube-scheduler's broadcaster drops; all: it waits at the lowest priority and is posted "
+                        "later, so every bound pod gets one")
     p.add_argument("--nomination-slack", type=cli_args.positive(float), default=60.0, metavar="SECONDS",
                    help="room freed by preemption is held for the preemptor the victims' longest grace "
                         "period plus this")
@@ -91,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         percentage_of_nodes_to_score=args.percentage_of_nodes_to_score,
         gate_timeout_s=args.gate_timeout,
         event_workers=args.event_workers,
+        scheduled_events=args.scheduled_events,
         leader_elect=args.leader_elect,
         lease_namespace=args.lease_namespace,
         lease_name=args.lease_name or f"{args.scheduler_name}-scheduler",

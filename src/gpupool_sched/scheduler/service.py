@@ -63,6 +63,7 @@ class SchedulerConfig:
     gate_timeout_s: float = 30.0
     confirm_ttl_s: float = 60.0
     event_workers: int = 16  # API threads of their own that post Events and PodScheduled=False
+    scheduled_events: str = "best-effort"  # "all": no Scheduled Event dropped when the Event queue is full
     leader_elect: bool = False
     lease_namespace: str = "kube-system"
     lease_name: str = "gpupool-scheduler"
@@ -125,6 +126,7 @@ class SchedulerService:
         # for its whole length and the bounded queue would drop nearly all of them
         self.recorder = EventRecorder(api.lane(config.event_workers), self.metrics,
                                       workers=config.event_workers,
+                                      keep_scheduled=config.scheduled_events == "all",
                                       waiting=lambda uid: uid in self._pending and uid not in self.state.pods)
         self.budgets = DisruptionBudgets()
         self.preemptor = Preemptor(self.state, api, self.queue, self.metrics, self.recorder,

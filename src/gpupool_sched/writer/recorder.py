@@ -11,6 +11,11 @@ identical to one made for the same object within `series_window_s` joins the ear
 `count` and `lastTimestamp` are updated, at most once per `series_refresh_s`, instead of a new
 Event being posted each time (`kubectl describe` then shows "x12 over 5m").
 
+With `keep_scheduled` (`gpupool scheduler --scheduled-events all`), a Scheduled Event that finds its queue
+full (half full: the other half stays for every other report) is not dropped: it waits in a backlog of
+its own, at the lowest priority, and moves into the queues as they empty: every bound pod gets its Event,
+late under a burst (the backlog costs ~0.5 KiB a pod).
+
 A write that fails for want of an answer (no connection, a 5xx, 429: the API server restarting or
 overloaded) is tried again every `retry_s`, up to `max_tries` times, as client-go's broadcaster does
 (12 tries, 10 s apart): a pod reported unschedulable during an outage is still told once it ends. A
@@ -23,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -79,11 +84,15 @@ class _Series:
     written: float  # monotonic: the last write of the Event
 
 
+def _half_full(queue: asyncio.Queue[Report]) -> bool:
+    return queue.qsize() >= max(1, queue.maxsize // 2)
+
+
 class EventRecorder:
     def __init__(self, api: KubeApi, metrics: SchedulerMetrics, *, workers: int = 4, capacity: int = 1000,
                  series_window_s: float = SERIES_WINDOW_S, series_refresh_s: float = SERIES_REFRESH_S,
                  retry_s: float = RETRY_S, max_tries: int = MAX_TRIES,
-                 waiting: Callable[[str], bool] | None = None) -> None:
+                 waiting: Callable[[str], bool] | None = None, keep_scheduled: bool = False) -> None:
         if workers < 1 or capacity < 1:
             raise ValueError("need at least one worker and room for one report")
         self.api = api
@@ -101,6 +110,9 @@ class EventRecorder:
         self._queues: list[asyncio.Queue[Report]] = [asyncio.Queue(maxsize=room) for _ in range(workers)]
         self._tasks: list[asyncio.Task[None]] = []
         self._series: OrderedDict[tuple[str, str, str, str], _Series] = OrderedDict()
+        self.keep_scheduled = keep_scheduled
+        self._backlog: deque[Report] = deque()  # Scheduled reports the full queues could not take (keep_scheduled)
+        self._moved = 0  # reports moved from the backlog into the queues
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -121,11 +133,17 @@ class EventRecorder:
 
     @property
     def queued(self) -> int:
-        return sum(q.qsize() for q in self._queues)
+        return sum(q.qsize() for q in self._queues) + len(self._backlog)
 
     async def flush(self) -> None:
-        """Until every report queued so far is written (or failed)."""
-        await asyncio.gather(*(q.join() for q in self._queues))
+        """Until every report queued so far is written (or failed), the backlog included."""
+        while True:
+            moved = self._moved
+            await asyncio.gather(*(q.join() for q in self._queues))
+            if self._backlog:
+                self._refill()
+            elif self._moved == moved:  # nothing came out of the backlog while the queues drained
+                return
 
     def scheduled(self, namespace: str, name: str, uid: str, node: str) -> None:
         self._put(Report(namespace, name, uid, "Normal", "Scheduled",
@@ -172,13 +190,26 @@ class EventRecorder:
                 self._series.popitem(last=False)
 
     def _enqueue(self, report: Report) -> bool:
+        queue = self._queues[hash(report.uid) % len(self._queues)]
+        if self.keep_scheduled and report.reason == "Scheduled" and (self._backlog or _half_full(queue)):
+            self._backlog.append(report)  # lowest priority: the other half of the queue stays for the rest
+            return True
         try:
-            self._queues[hash(report.uid) % len(self._queues)].put_nowait(report)
+            queue.put_nowait(report)
             return True
         except asyncio.QueueFull:
             self.metrics.events.labels(reason=report.reason, outcome="dropped").inc()
             log.debug("event queue full; dropped %s on %s/%s", report.reason, report.namespace, report.name)
             return False
+
+    def _refill(self) -> None:
+        """Backlogged Scheduled reports into the queues, while they have room (lowest priority: only then)."""
+        while self._backlog:
+            queue = self._queues[hash(self._backlog[0].uid) % len(self._queues)]
+            if _half_full(queue):
+                return
+            queue.put_nowait(self._backlog.popleft())
+            self._moved += 1
 
     async def _work(self, queue: asyncio.Queue[Report]) -> None:
         while True:
@@ -189,6 +220,8 @@ class EventRecorder:
                 log.exception("posting %s on %s/%s failed", report.reason, report.namespace, report.name)
             finally:
                 queue.task_done()
+                if self._backlog:
+                    self._refill()
 
     async def _post(self, r: Report) -> None:
         posted = await self._write_event(r) if r.post else True
