@@ -389,6 +389,38 @@ def scrape_gpupool(port: int) -> dict[str, float]:
     return out
 
 
+WRITE_KINDS = {  # (verb, resource, subresource) of apiserver_request_total -> what the run reports
+    ("POST", "pods", "binding"): "bindings", ("POST", "bindings", ""): "bindings",
+    ("POST", "events", ""): "events", ("PATCH", "events", ""): "events",
+    ("PATCH", "pods", "status"): "pod_status_patches", ("POST", "pods", "eviction"): "evictions",
+}
+
+
+def apiserver_writes(kube: ClusterClient) -> dict[str, float]:
+    """The API server's own count of the writes a scheduler makes (apiserver_request_total by verb, resource
+    and subresource), summed per kind of WRITE_KINDS. kwok also patches pod status (its fake kubelets), so
+    `pod_status_patches` is everybody's; Bindings and Events are the scheduler's."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    api = kube.api_client
+    method, url, headers, body, post = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    answer = api.call_api(method, url, headers, body, post)
+    answer.read()
+    text = answer.data.decode()
+    out = dict.fromkeys(set(WRITE_KINDS.values()), 0.0)
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":  # the parser drops the _total suffix of counters
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            labels = sample.labels
+            kind = WRITE_KINDS.get((labels.get("verb", ""), labels.get("resource", ""), labels.get("subresource", "")))
+            if kind is not None:
+                out[kind] += sample.value
+    return out
+
+
 # ---------------------------------------------------------------- the schedulers under test
 
 
@@ -457,6 +489,7 @@ class RunResult:
     metrics: dict[str, float] = field(default_factory=dict)  # gpupool's own /metrics at the end
     load_before: float = 0.0  # 1-minute load average before the run (other work on the machine)
     scheduled_events: int = 0  # `Scheduled` Events in the run's namespace when its last pod was bound
+    writes_per_s: dict[str, float] = field(default_factory=dict)  # API writes per kind per run second (apiserver)
     timed_out: bool = False
 
 
@@ -502,6 +535,7 @@ def one_run(kube: ClusterClient, spec: RunSpec, opts: RunOptions, console: Conso
     others = kube.cluster.processes()
     cpu_before = {n: cpu_seconds(others[n].pid) for n in CLUSTER_PROCESSES if n in others}
     bench_cpu_before = time.process_time()
+    writes_before = apiserver_writes(kube)
     created: dict[str, float] = {}
     create_error: list[BaseException] = []
     launched: Launched | None = None
@@ -552,6 +586,7 @@ def one_run(kube: ClusterClient, spec: RunSpec, opts: RunOptions, console: Conso
             cpu["bench"] = time.process_time() - bench_cpu_before
             metrics = scrape_gpupool(launched.metrics_port) if launched.metrics_port else {}
             scheduled_events = count_events(core, spec.namespace, "Scheduled")  # posted by the last bind
+            writes_after = apiserver_writes(kube)
         finally:
             if launched is not None:
                 launched.process.stop()
@@ -559,8 +594,12 @@ def one_run(kube: ClusterClient, spec: RunSpec, opts: RunOptions, console: Conso
     create_ended = max(created.values(), default=create_began)
     delete_s = delete_all_pods(core, spec.namespace, timeout_s=600)
     delete_s += settle(kube.cluster)
-    return _result(spec, binds, created, began, create_began, create_ended, launched, rss_peak,
-                   sampler.max_rss_mib, cpu, delete_s, metrics, load_before, timed_out, scheduled_events)
+    result = _result(spec, binds, created, began, create_began, create_ended, launched, rss_peak,
+                     sampler.max_rss_mib, cpu, delete_s, metrics, load_before, timed_out, scheduled_events)
+    if result.seconds and result.seconds == result.seconds:  # not NaN: something was bound
+        result.writes_per_s = {k: round((writes_after[k] - writes_before.get(k, 0.0)) / result.seconds, 1)
+                               for k in sorted(writes_after)}
+    return result
 
 
 def _wait_bound(
@@ -852,12 +891,14 @@ def _row(r: RunResult, ratio: dict[str, float] | None) -> list[str]:
         f"{r.cpu_s.get('kube-apiserver', 0.0):.1f}",
         f"{r.create_per_s:.0f}",
         str(r.scheduled_events),
+        " / ".join(f"{r.writes_per_s.get(k, 0.0):.0f}" for k in ("bindings", "events", "pod_status_patches"))
+        if r.writes_per_s else "-",
     ]
 
 
 HEADERS = (
     "mode", "scheduler", "bound", "s", "pods/s", "p50 ms", "p99 ms", "peak RSS MiB", "CPU s", "apiserver CPU s",
-    "created/s", "Scheduled Events",
+    "created/s", "Scheduled Events", "writes/s: Binding / Event / pod status",
 )
 
 
