@@ -607,7 +607,7 @@ def test_a_gang_member_that_cannot_be_assumed_undoes_the_others_and_the_released
     assert free_gpus(world.state, "n1") == [0, 0, 0, 0] and held_gpus(world) == 4
 
 
-def test_commit_drops_lower_holds_only_on_the_nodes_the_decision_took(world: World) -> None:
+def test_a_commit_without_placements_gives_every_lower_hold_back(world: World) -> None:
     mid = mid_holding_n1(world)
     critical = world.state.plan(prio_pod("critical", 1000, gpus=4, scheduler="gpupool"))
     with Statement(world.state) as statement:

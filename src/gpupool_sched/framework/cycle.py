@@ -92,9 +92,8 @@ class Cycle:
     def run(session: Session) -> Steps[Outcome]:
         """The actions in their declared order (`framework.actions.ACTIONS`); the first that changes
         something ends the decision."""
-        for name, action in ACTIONS:
+        for _name, action in ACTIONS:
             outcome = yield from action(session)
-            session.done.append(name)
             if outcome is not None:
                 return outcome
         return Outcome()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from gpupool_sched.placement.gang_preemption import GangPreemption
 from gpupool_sched.placement.preemption import Preemption, RunningPod
 from gpupool_sched.placement.sampling import NodeSampler
 
+if TYPE_CHECKING:
+    from gpupool_sched.framework.statement import Statement
+
 T = TypeVar("T")
 Candidates = Callable[[], list[RunningPod]]
 
@@ -35,7 +38,6 @@ class Planning(Generic[T]):
     """A pure computation an action waits for: `compute()` may run on another thread."""
 
     compute: Callable[[], T]
-    what: str = ""
 
 
 Steps = Generator[Planning[Any], Any, T]
@@ -67,7 +69,7 @@ class Outcome:
     """What the job's actions decided. `statement` committed: placements (allocate) or evictions with
     nominations (preempt, reclaim); None: nothing changed."""
 
-    statement: Any = None  # framework.statement.Statement (committed)
+    statement: Statement | None = None  # committed
     preemption: Preemption | GangPreemption | None = None  # what the evictions are
     blocked_by_budget: Preemption | GangPreemption | None = None  # the plan needs PDB-protected victims: waits
     reclaim: bool = False  # the evictions take back borrowed quota (victims of any priority)
@@ -90,7 +92,6 @@ class Session:
     offload: bool = False  # plannings run on another thread: they get their own snapshot copy
     seconds: float = 0.0  # time in the placement core
     unschedulable: Unschedulable | GangUnschedulable | None = None  # why allocate found no room
-    done: list[str] = field(default_factory=list)  # the actions that ran, in order
 
     @property
     def priority(self) -> int:

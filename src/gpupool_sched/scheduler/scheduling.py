@@ -28,7 +28,6 @@ from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
 from gpupool_sched.placement.preemption import Preemption
-from gpupool_sched.placement.quota import Verdict
 from gpupool_sched.writer.binder import Binder
 from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder, says_unschedulable
@@ -161,7 +160,10 @@ class Scheduling:
                 self.queue.backoff(item)
             return
         if result.statement is None or result.preemption is not None:
-            message = self._failure(job, result, verdict)
+            why = eviction_reason(result.reclaim, verdict.quota if verdict is not None else None)
+            for member, eviction in result.statement.evictions if result.statement else ():
+                self.preemptor.carry_out(member, eviction, why)
+            message = self._failure(job, result, why)
             if (not job.gang and result.preemption is None and result.blocked_by_budget is None and preempts
                     and not self.state.nomination_live(job.plans[0].uid)):
                 self.metrics.preemption_attempts.labels(result="no_plan").inc()
@@ -185,8 +187,8 @@ class Scheduling:
             log.info("PodGroup %s: %d member(s) placed together on %s", job.key, len(bound),
                      ", ".join(sorted({p.node for _, p in placements})))
 
-    def _failure(self, job: Job, result: CycleResult | GangResult, verdict: Verdict | None) -> str:
-        """Why the job was not placed (for its members' Events); the preemption it starts, if any."""
+    def _failure(self, job: Job, result: CycleResult | GangResult, why_evicted: str) -> str:
+        """Why the job was not placed (for its members' Events), and the evictions it started, if any."""
         assert result.unschedulable is not None
         message = job.says(result.unschedulable.message)
         if job.group is not None and job.placed:  # a gang short of members it had: not "0 of the 1 it needs"
@@ -196,11 +198,8 @@ class Scheduling:
             message = (f"PodGroup {job.key}: {len(job.placed)} of the {job.group.min_member} members (minMember) "
                        f"are bound and {job.need} more must join them; none fits now: {why}")
         if (preemption := result.preemption) is not None:
-            why = eviction_reason(result.reclaim, verdict.quota if verdict is not None else None)
-            for member, eviction in result.statement.evictions if result.statement else ():
-                self.preemptor.carry_out(member, eviction, why)
             nodes = ", ".join(sorted({v.node for v in preemption.victims}))
-            message += f"; preempting {len(preemption.victims)} pod(s) {why} on {nodes}"
+            message += f"; preempting {len(preemption.victims)} pod(s) {why_evicted} on {nodes}"
             if isinstance(preemption, GangPreemption):
                 message += f" for {len(preemption.members)} members"
         elif (blocked := result.blocked_by_budget) is not None:

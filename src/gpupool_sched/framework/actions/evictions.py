@@ -48,7 +48,7 @@ def evict(session: Session, priority: int, candidates: list[RunningPod], reclaim
         finally:
             timed.append(time.perf_counter() - start)
 
-    plan: Preemption | GangPreemption | None = yield Planning(measured, "evictions")
+    plan: Preemption | GangPreemption | None = yield Planning(measured)
     session.seconds += sum(timed)
     if plan is None or not plan.victims:
         return None

@@ -171,9 +171,8 @@ class QuotaBook(QuotaLedger):
     # ---- what the cycle asks --------------------------------------------------------------------
     def check(self, plan: PodPlan) -> Verdict:
         """May `plan` start as far as quotas go (a refusal's message is for its Event)? The holds kept for
-        it (a preemptor's) are its own room: not counted against it."""
-        return self.check_demand(plan.namespace, demand_of(plan.request, self.state.memory_unit_mib),
-                                 running=Amount() - self._own_holds((plan.uid,)))
+        it (a preemptor's) are its own room: not counted against it. A pod is a gang of one."""
+        return self.admit_gang([plan], 1)[1]
 
     def check_gang(self, plans: Sequence[PodPlan]) -> Verdict:
         """May these pods of one namespace (a gang) start together?"""
@@ -229,9 +228,9 @@ class QuotaBook(QuotaLedger):
     def reclaim(self, plan: PodPlan, running: Iterable[RunningPod]) -> list[RunningPod]:
         """Borrowed pods that may be preempted so that `plan`'s team gets its guaranteed GPUs back, in
         victim order (lowest priority, then newest); empty when its team may not reclaim. `running`:
-        the eviction candidates (preemptor.running_pods(state, budgets) without a priority bound)."""
-        return self.reclaim_demand(plan.namespace, demand_of(plan.request, self.state.memory_unit_mib), running,
-                                   holding=(plan.uid,))
+        the eviction candidates (victims.running_pods(state, budgets) without a priority bound). A pod is a
+        gang of one."""
+        return self.reclaim_gang([plan], running)
 
     def reclaim_gang(self, plans: Sequence[PodPlan], running: Iterable[RunningPod]) -> list[RunningPod]:
         """`reclaim` for a gang's pods (one namespace) together: its team must stay within its
