@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpupool_common.handshake import Assignment, HandshakeError, parse_ack, parse_assignment
+from gpupool_sched.kube.podinfo import PodInfo
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.cluster import NodeSpec
 from gpupool_sched.model.decision import Placement
@@ -53,7 +54,8 @@ class PodEntry:
     occupies: frozenset[Shape] = frozenset()  # shapes counted in ClusterState.gate_busy (assumed or holding)
     applied: bool = False  # accounted on the snapshot (False while its node is unknown)
     pending: bool = True  # pod phase Pending
-    unresolved: Mapping[str, Any] | None = None  # the pod, while its node is unknown (devices told later)
+    unresolved: PodInfo | None = None  # the pod, while its node is unknown (devices told later)
+    accounted_from: tuple[Any, ...] | None = None  # (ack, node spec, facts, classes) last read from
     labels: Mapping[str, str] = field(default_factory=dict)  # for PodDisruptionBudget selectors
     started: float = 0.0  # status.startTime (else creation), seconds since the epoch: preemption's age
     grace_s: int | None = None  # gpupool.io/checkpoint-grace-seconds: the eviction's grace period

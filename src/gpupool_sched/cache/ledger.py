@@ -12,7 +12,8 @@ from typing import Any
 
 from gpupool_sched.cache.entries import Nomination, Phase, PodEntry, Shape, Tombstone, fits_layout, without_gpus
 from gpupool_sched.kube.nodes import NodeView
-from gpupool_sched.kube.podspec import ClusterFacts, PodPlan, plan_pod
+from gpupool_sched.kube.podinfo import PodInfo
+from gpupool_sched.kube.podspec import ClusterFacts, PodPlan
 from gpupool_sched.model.cluster import ClusterSnapshot, NodeSpec
 from gpupool_sched.model.decision import Placement
 
@@ -43,6 +44,7 @@ class Ledger:
         self._tombstones: dict[str, Tombstone] = {}
         self._pod_rv: dict[str, int] = {}
         self.priority_classes: dict[str, int] = {}
+        self.classes_generation = 0  # bumped on every PriorityClass change (plans made before are stale)
         self._facts: ClusterFacts | None = None
         self.on_gate_release: Callable[[str], None] = lambda node: None
         self._applied_priorities: Counter[int] = Counter()  # priority -> accounted entries
@@ -72,9 +74,12 @@ class Ledger:
             self._facts = ClusterFacts(self.memory_unit_mib, frozenset(models), frozenset(profiles), units)
         return self._facts
 
-    def plan(self, obj: Mapping[str, Any]) -> PodPlan:
-        """A pending pod of ours as placement sees it (raises InvalidPod with the user-facing reason)."""
-        return plan_pod(obj, self.facts, self.priority_classes)
+    def plan(self, pod: PodInfo | Mapping[str, Any], strict: bool = True) -> PodPlan:
+        """A pod as placement sees it (raises InvalidPod with the user-facing reason); a `PodInfo` keeps
+        the plan for the next call while the facts and PriorityClasses stay the same. ``strict=False``:
+        a bound pod, described as well as it can be (`plan_pod`)."""
+        info = pod if isinstance(pod, PodInfo) else PodInfo.of(pod)
+        return info.plan(self.facts, self.priority_classes, self.classes_generation, strict)
 
 
     def _tell(self, entry: PodEntry) -> None:

@@ -49,7 +49,8 @@ from gpupool_sched.cache.nominator import Nominator
 from gpupool_sched.framework.queue import ClusterEvent
 from gpupool_sched.kube.assignment import placement_from_annotations
 from gpupool_sched.kube.nodes import NodeView, node_view
-from gpupool_sched.kube.podspec import InvalidPod, PodPlan, plan_pod
+from gpupool_sched.kube.podinfo import PodInfo
+from gpupool_sched.kube.podspec import InvalidPod, PodPlan
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
 
@@ -64,6 +65,7 @@ class ClusterState(Nominator):
         if not name:
             return
         self.non_preempting_classes.discard(name)
+        self.classes_generation += 1
         if kind == "DELETED":
             self.priority_classes.pop(name, None)
             return
@@ -112,8 +114,8 @@ class ClusterState(Nominator):
         for uid in sorted(self.by_node.get(view.name, ())):
             entry = self.pods[uid]
             if entry.unresolved is not None:
-                obj, entry.unresolved = entry.unresolved, None
-                entry.request, entry.placement = self._holding(obj, view.name, view, *handshake(obj, uid))
+                info, entry.unresolved = entry.unresolved, None
+                entry.request, entry.placement = self._holding(info, view.name, view, *handshake(info.obj, uid))
                 self._tell(entry)
             self._apply(entry)
         if old is None:
@@ -131,21 +133,17 @@ class ClusterState(Nominator):
             self._unapply(self.pods[uid])  # kept: the pod may still exist, and so may the node again
 
     # ---- pods: the watch -------------------------------------------------------------------------
-    def apply_pod(self, obj: Mapping[str, Any], deleted: bool = False) -> PodUpdate:
-        meta = obj.get("metadata") or {}
-        uid = str(meta.get("uid") or "")
+    def apply_pod(self, pod: PodInfo | Mapping[str, Any], deleted: bool = False) -> PodUpdate:
+        info = pod if isinstance(pod, PodInfo) else PodInfo.of(pod)
+        uid, rv, phase = info.uid, info.resource_version, info.phase
         if not uid:
             return PodUpdate()
-        rv = resource_version(obj)
         tomb = self._tombstones.get(uid)
         if tomb is not None:
             return PodUpdate(gone=True)  # deleted or ended for good: nothing can revive a UID
         if rv and rv < self._pod_rv.get(uid, 0):
             return PodUpdate()  # an older view (e.g. a re-list that started before a bind)
         self._pod_rv[uid] = rv
-        spec = obj.get("spec") or {}
-        status = obj.get("status") or {}
-        phase = status.get("phase") or "Pending"
         if deleted or phase in TERMINAL_PHASES:
             self._tombstones[uid] = Tombstone(rv, self.clock())
             self._pod_rv.pop(uid, None)
@@ -161,19 +159,19 @@ class ClusterState(Nominator):
             released = entry is not None and entry.gate_since is not None
             self.forget(uid)
             return PodUpdate(gone=True, freed=entry is not None or ended, gate_released=node if released else None)
-        node = spec.get("nodeName")
-        ours = spec.get("schedulerName") == self.scheduler_name
+        ours = info.scheduler_name == self.scheduler_name
         entry = self.pods.get(uid)
-        if not node:
+        if not info.node:
             if entry is not None:
                 return PodUpdate()  # our own decision in flight
             return PodUpdate(pending_ours=ours)
-        return self._observe_bound(uid, obj, str(node), ours, phase, rv)
+        return self._observe_bound(info, info.node, ours)
 
-    def _observe_bound(self, uid: str, obj: Mapping[str, Any], node: str, ours: bool, phase: str, rv: int) -> PodUpdate:
+    def _observe_bound(self, info: PodInfo, node: str, ours: bool) -> PodUpdate:
+        uid, obj, rv = info.uid, info.obj, info.resource_version
         assignment, ack = handshake(obj, uid)
         entry = self.pods.get(uid)
-        pending = phase == "Pending"
+        pending = info.phase == "Pending"
         acked = ack is not None
         released: str | None = None
         if entry is not None and entry.node == node:
@@ -186,7 +184,7 @@ class ClusterState(Nominator):
                 self._join_adopted(entry)
             if acked:
                 # what the kubelet really allocated is the truth; re-account if it differs
-                self._account_from(entry, obj, node, None, ack)
+                self._account_from(entry, info, node, None, ack)
             if entry.gate_since is not None and (acked or not pending):
                 entry.gate_since = None
                 self._occupy(entry, frozenset())
@@ -197,12 +195,14 @@ class ClusterState(Nominator):
         self.end_nomination(uid)  # bound by someone else while nominated
         self.preemptions.pop(uid, None)
         view = self.nodes.get(node)
-        request, placement = self._holding(obj, node, view, assignment, ack)
+        request, placement = self._holding(info, node, view, assignment, ack)
         key = f"{(obj.get('metadata') or {}).get('namespace', '')}/{(obj.get('metadata') or {}).get('name', '')}"
         entry = PodEntry(uid, key, node, request, placement, Phase.CONFIRMED, ours, self.clock(), rv, pending=pending)
         describe(entry, obj)
         if view is None:
-            entry.unresolved = obj
+            entry.unresolved = info
+        elif acked:
+            entry.accounted_from = self._source(ack, view)
         if assignment is not None and pending and not acked and assignment.pod_uid == uid and self.needs_gate(node):
             entry.shapes = frozenset(assignment.shapes())
             entry.gate_since = self.clock()  # e.g. after a restart: still waiting for the plugin
@@ -216,13 +216,13 @@ class ClusterState(Nominator):
         return PodUpdate(gone=True)
 
     def _holding(
-        self, obj: Mapping[str, Any], node: str, view: NodeView | None, assignment: Assignment | None, ack: Any
+        self, info: PodInfo, node: str, view: NodeView | None, assignment: Assignment | None, ack: Any
     ) -> tuple[PodRequest, Placement]:
         """What a bound pod holds: from its assignment or ack; else a guess on the node."""
         try:
-            plan = plan_pod(obj, self.facts, self.priority_classes, strict=False)
+            plan = self.plan(info, strict=False)
         except InvalidPod:
-            return PodRequest(name=str(obj.get("metadata", {}).get("name", "?"))), Placement(node=node)
+            return PodRequest(name=info.name or "?"), Placement(node=node)
         request = plan.request
         if view is None:
             return request, Placement(node=node)  # accounted when the node shows up
@@ -251,12 +251,20 @@ class ClusterState(Nominator):
         log.warning("pod %s on %s holds GPUs that do not fit the node's free GPUs", request.name, node)
         return without_gpus(request), Placement(node=node)
 
-    def _account_from(self, entry: PodEntry, obj: Mapping[str, Any], node: str, assignment: Any, ack: Any) -> None:
+    def _source(self, ack: Any, view: NodeView) -> tuple[Any, ...]:
+        """What a placement read from `ack` depends on: the same source gives the same placement."""
+        return ack, view.spec, self.facts, self.classes_generation
+
+    def _account_from(self, entry: PodEntry, info: PodInfo, node: str, assignment: Any, ack: Any) -> None:
         view = self.nodes.get(node)
         if view is None:
             return
+        source = self._source(ack, view)
+        if entry.accounted_from == source:
+            return  # this ack was followed on this node already: nothing to re-read
+        entry.accounted_from = source
         try:
-            plan = plan_pod(obj, self.facts, self.priority_classes, strict=False)
+            plan = self.plan(info, strict=False)
         except InvalidPod:
             return
         found = placement_from_annotations(plan, view.spec, assignment, ack)

@@ -28,6 +28,7 @@ from gpupool_sched.framework.plugins.quotas import QuotaBook, quota_kinds
 from gpupool_sched.framework.queue import QueuedPod
 from gpupool_sched.kube.informer import Informers, WatchedKind
 from gpupool_sched.kube.kubeapi import ApiError, KubeApi
+from gpupool_sched.kube.podinfo import PodInfo
 from gpupool_sched.kube.podspec import InvalidPod
 from gpupool_sched.model.decision import Unschedulable
 from gpupool_sched.placement.decide import decide
@@ -77,7 +78,7 @@ class Extender:
         self.policies = PolicyCache(config.policy, self.state, window=config.profile_window)
         # GpuQuota admission as the scheduler does it; the scheduler alone writes the quotas' status
         self.quotas = QuotaBook(self.state)
-        self._pods: dict[str, dict[str, Any]] = {}  # UID -> latest pending pod object (watch, filter args)
+        self._pods: dict[str, PodInfo] = {}  # UID -> latest pending pod, read once (watch, filter args)
         self._outcomes: dict[str, BindOutcome] = {}
         self.rng = np.random.default_rng(0)
         # no queue: the Binder retries nothing here, kube-scheduler owns the retry
@@ -94,15 +95,15 @@ class Extender:
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- workload profile ----------------------------------------------------------------------
-    def _observe(self, uid: str, obj: dict[str, Any] | None = None) -> None:
+    def _observe(self, uid: str, pod: PodInfo | None = None) -> None:
         if self.policies.observed(uid):
             return
         entry = self.state.pods.get(uid)
         if entry is not None:
             request = entry.request
-        elif obj is not None:
+        elif pod is not None:
             try:
-                request = self.state.plan(obj).request
+                request = self.state.plan(pod).request
             except InvalidPod:
                 return
         else:
@@ -145,18 +146,29 @@ class Extender:
         apply_node_event(self.state, self.policies.profile, kind, obj)
 
     def on_pod(self, kind: str | None, obj: dict[str, Any]) -> None:
-        uid = str((obj.get("metadata") or {}).get("uid") or "")
-        update = self.state.apply_pod(obj, deleted=kind == "DELETED")
+        info = self._info(obj)
+        update = self.state.apply_pod(info, deleted=kind == "DELETED")
         if update.gone:
-            self._pods.pop(uid, None)
-            self._observe(uid)
+            self._pods.pop(info.uid, None)
+            self._observe(info.uid)
         elif update.pending_ours:
-            self._remember(uid, obj)
+            self._remember(info)
 
-    def _remember(self, uid: str, obj: dict[str, Any]) -> None:
-        if uid not in self._pods and len(self._pods) >= self.config.max_cached_pods:
+    def _info(self, obj: dict[str, Any]) -> PodInfo:
+        """The pod read once: the record kept for this version of it (the watch, then filter, prioritize
+        and bind of one attempt all carry the same one), else a new one taking over unchanged plans."""
+        info = PodInfo.of(obj)
+        known = self._pods.get(info.uid)
+        if known is not None and info.resource_version and known.resource_version == info.resource_version:
+            return known
+        return info.follows(known)
+
+    def _remember(self, info: PodInfo) -> None:
+        if not info.uid:
+            return
+        if info.uid not in self._pods and len(self._pods) >= self.config.max_cached_pods:
             self._pods.pop(next(iter(self._pods)))
-        self._pods[uid] = obj
+        self._pods[info.uid] = info
 
     # ---- the verbs ---------------------------------------------------------------------------------
     def _ready(self) -> None:
@@ -167,17 +179,17 @@ class Extender:
 
     def filter(self, args: ExtenderArgs) -> dict[str, Any]:
         self._ready()
-        uid = str(args.pod["metadata"]["uid"])
-        self._remember(uid, args.pod)
+        info = self._info(args.pod)
+        self._remember(info)
         try:
-            plan = self.state.plan(args.pod)
+            plan = self.state.plan(info)
         except InvalidPod as exc:
             bucket = {n: str(exc) for n in args.node_names}
             self.metrics.filtered.labels(result="failed").inc(len(bucket))
             if exc.permanent:
                 return filter_result(args, [], {}, bucket)
             return filter_result(args, [], bucket, {})
-        self._observe(uid, args.pod)
+        self._observe(info.uid, info)
         verdict = self.quotas.check(plan)
         if not verdict.ok:  # no node helps: the team's quota does (kube-scheduler retries on pod events)
             bucket = {n: verdict.message for n in args.node_names}
@@ -204,7 +216,7 @@ class Extender:
         """HostPriorityList: every node kube-scheduler sent; the infeasible ones score 0."""
         self._ready()
         try:
-            plan = self.state.plan(args.pod)
+            plan = self.state.plan(self._info(args.pod))
         except InvalidPod:
             return [{"Host": n, "Score": 0} for n in args.node_names]
         policy = self.policies.current()
@@ -219,16 +231,16 @@ class Extender:
         """ExtenderBindingResult: `Error` empty when the Binding (with the assignment) was accepted."""
         self._ready()
         key = f"{args.pod_namespace}/{args.pod_name}"
-        obj = self._pods.get(args.pod_uid)
-        if obj is None:
+        info = self._pods.get(args.pod_uid)
+        if info is None:
             try:
-                obj = await self._read_pod(args.pod_namespace, args.pod_name)
+                info = PodInfo.of(await self._read_pod(args.pod_namespace, args.pod_name))
             except ApiError as exc:
                 return {"Error": f"pod {key}: cannot read it: {exc}"}
-        if str((obj.get("metadata") or {}).get("uid")) != args.pod_uid:
+        if info.uid != args.pod_uid:
             return {"Error": f"pod {key} is not the pod {args.pod_uid} any more (replaced by a namesake)"}
         try:
-            plan = self.state.plan(obj)
+            plan = self.state.plan(info)
         except InvalidPod as exc:
             return {"Error": f"pod {key}: {exc}"}
         entry = self.state.pods.get(plan.uid)

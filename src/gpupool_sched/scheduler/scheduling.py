@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from gpupool_sched.framework.plugins.quotas import QuotaBook
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets, eviction_reason, may_preempt, running_pods
 from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, SchedulingQueue
 from gpupool_sched.framework.session import Steps, drive, drive_offloaded
+from gpupool_sched.kube.podinfo import PodInfo
 from gpupool_sched.kube.podspec import InvalidPod, PodPlan
 from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.model.request import PodRequest
@@ -52,7 +53,7 @@ class Scheduling:
     preemptor: Preemptor
     recorder: EventRecorder
     metrics: SchedulerMetrics
-    pending: dict[str, dict[str, Any]]  # uid -> latest object of our pending pods
+    pending: dict[str, PodInfo]  # uid -> latest event of our pending pods, read once
     observe: Callable[[str, PodRequest], None]  # a request into the workload profile
 
     def schedule_one(self, item: QueuedPod) -> None:
@@ -65,24 +66,24 @@ class Scheduling:
         await drive_offloaded(self._steps(item, offload=True))
 
     def _steps(self, item: QueuedPod, offload: bool = False) -> Steps[None]:
-        obj = self.pending.get(item.uid)
-        if obj is None or item.uid in self.state.pods:
+        info = self.pending.get(item.uid)
+        if info is None or item.uid in self.state.pods:
             self.queue.done(item.uid)
             return
         popped = time.monotonic()
         log.debug("scheduling %s", item.key)
-        group, problem = group_of(obj)
+        group, problem = group_of(info.obj)
         if problem is not None:
             self.metrics.attempts.labels(result="invalid").inc()
             self.queue.park(item, ())
-            self.report_unschedulable(obj, problem)
+            self.report_unschedulable(info.obj, problem)
             return
         try:
-            plan = self.state.plan(obj)
+            plan = self.state.plan(info)
         except InvalidPod as exc:
             self.metrics.attempts.labels(result="invalid").inc()
             self.queue.park(item, () if exc.permanent else NOT_YET_HINTS)
-            self.report_unschedulable(obj, str(exc))
+            self.report_unschedulable(info.obj, str(exc))
             return
         job = self._job(item, plan, group) if group is not None else Job(plan.key, [plan], [item])
         if job is None:
@@ -103,7 +104,7 @@ class Scheduling:
                 why = f"PodGroup {key} not found; the pod waits for it"
             self.metrics.attempts.labels(result="unschedulable").inc()
             self.queue.park(item, ())
-            self.report_unschedulable(self.pending[plan.uid], why)
+            self.report_unschedulable(self.pending[plan.uid].obj, why)
             return None
         placed = self.gangs.placed(key, self.state)
         need = group.min_member - len(placed)
@@ -133,8 +134,8 @@ class Scheduling:
             for member, item in zip(job.plans[admitted:], job.items[admitted:], strict=True):
                 self.metrics.attempts.labels(result="unschedulable").inc()
                 self.queue.park(item, self.quotas.wake_hints(verdict))
-                if (obj := self.pending.get(member.uid)) is not None:
-                    self.report_unschedulable(obj, job.says(verdict.message))
+                if (info := self.pending.get(member.uid)) is not None:
+                    self.report_unschedulable(info.obj, job.says(verdict.message))
             if not admitted:
                 return
             job = job.first(admitted)
@@ -144,7 +145,7 @@ class Scheduling:
                 f"waiting for members: {len(job.placed)} placed and {len(job.plans)} pending of the "
                 f"{job.group.min_member} (minMember) that must start together"))
             return
-        preempts = all(may_preempt(self.pending[p.uid], self.state.non_preempting_classes) for p in job.plans)
+        preempts = all(may_preempt(self.pending[p.uid].obj, self.state.non_preempting_classes) for p in job.plans)
         # a lone pod placed away from its holds wakes the queue (they went back to the pool); a gang's
         # members do not, as before the redesign (tests/data/decisions records it)
         nominated = {} if job.gang else {p.uid: n for p in job.plans if (n := self.state.nominations.get(p.uid))}
@@ -213,12 +214,12 @@ class Scheduling:
         for member, item in zip(job.plans, job.items, strict=True):
             self.metrics.attempts.labels(result="unschedulable").inc()
             self.queue.park(item, UNSCHEDULABLE_HINTS)
-            if (obj := self.pending.get(member.uid)) is not None:
-                self.report_unschedulable(obj, message)
+            if (info := self.pending.get(member.uid)) is not None:
+                self.report_unschedulable(info.obj, message)
         if job.group is not None:
             job.group.last_message = message
 
-    def report_unschedulable(self, obj: dict[str, Any], message: str) -> None:
+    def report_unschedulable(self, obj: Mapping[str, Any], message: str) -> None:
         meta = obj.get("metadata") or {}
         ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
         log.info("pod %s/%s: %s", ns, name, message)

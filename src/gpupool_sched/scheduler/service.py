@@ -37,7 +37,7 @@ from gpupool_sched.framework.plugins.victims import DEFAULT_MAX_CHECKPOINT_GRACE
 from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, QuotaFreed, SchedulingQueue
 from gpupool_sched.kube.informer import Informers, WatchedKind
 from gpupool_sched.kube.kubeapi import ApiError, KubeApi
-from gpupool_sched.kube.podspec import pod_revision
+from gpupool_sched.kube.podinfo import PodInfo
 from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.scheduler.gang_upkeep import GangUpkeep
 from gpupool_sched.scheduler.gauges import Gauges
@@ -131,7 +131,7 @@ class SchedulerService:
         self.budgets = DisruptionBudgets()
         self.preemptor = Preemptor(self.state, api, self.queue, self.metrics, self.recorder,
                                    max_checkpoint_grace_s=config.max_checkpoint_grace_s)
-        self._pending: dict[str, dict[str, Any]] = {}  # uid -> latest object of our pending pods
+        self._pending: dict[str, PodInfo] = {}  # uid -> latest event of our pending pods, read once
         self.gangs = Gangs()
         self.quotas = QuotaBook(self.state, self.metrics.registry)
         self.quotas.on_freed = lambda quota: self.queue.on_event(QuotaFreed(quota))  # over-quota pods: wake_hints
@@ -239,9 +239,9 @@ class SchedulerService:
             self.queue.on_event(change.event)
 
     def on_pod(self, kind: str | None, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        uid = str(meta.get("uid") or "")
-        update = self.state.apply_pod(obj, deleted=kind == "DELETED")
+        info = PodInfo.of(obj)  # read once: the cache, the queue and the cycle carry it
+        uid = info.uid
+        update = self.state.apply_pod(info, deleted=kind == "DELETED")
         self.gang_upkeep.track(uid, obj, kind == "DELETED")
         if update.gone:
             self._pending.pop(uid, None)
@@ -254,24 +254,24 @@ class SchedulerService:
         if update.gate_released:
             self.binder.gate_released(update.gate_released)
         if update.pending_ours:
-            log.debug("pod %s/%s pending (%s)", meta.get("namespace"), meta.get("name"), kind)
-            self._pending[uid] = obj
+            log.debug("pod %s pending (%s)", info.key, kind)
+            self._pending[uid] = info.follows(self._pending.get(uid))
             priority = obj.get("spec", {}).get("priority")
             if not isinstance(priority, int):
                 priority = self.state.priority_classes.get(obj.get("spec", {}).get("priorityClassName") or "", 0)
-            item = QueuedPod(uid=uid, key=f"{meta.get('namespace')}/{meta.get('name')}", priority=priority,
-                             created=_created(obj), payload=None, revision=pod_revision(obj))
+            item = QueuedPod(uid=uid, key=info.key, priority=priority, created=_created(obj), payload=None,
+                             revision=info.revision)
             self.queue.add(item)
-            self._follow_nomination(uid, item.key, priority, obj)
+            self._follow_nomination(info, priority)
 
-    def _follow_nomination(self, uid: str, key: str, priority: int, obj: dict[str, Any]) -> None:
+    def _follow_nomination(self, info: PodInfo, priority: int) -> None:
         """Mirror a nomination another instance made (status.nominatedNodeName): a standby holds what the
         leader's victims free, so a failover does not hand that room to lower priorities or preempt again."""
-        node = (obj.get("status") or {}).get("nominatedNodeName")
+        node = (info.obj.get("status") or {}).get("nominatedNodeName")
         if isinstance(node, str) and node:
-            self.state.adopt_nomination(uid, key, node, priority, self.cycle.hold_s,
-                                        reclaims=self.quotas.reclaimable_by(obj))
-        elif self.state.drop_adopted(uid):
+            self.state.adopt_nomination(info.uid, info.key, node, priority, self.cycle.hold_s,
+                                        reclaims=self.quotas.reclaimable_by(info))
+        elif self.state.drop_adopted(info.uid):
             self.queue.on_event(ClusterEvent.GPU_FREED)
 
     # ---- the cycle -----------------------------------------------------------------------------
@@ -316,9 +316,9 @@ class SchedulerService:
 
     def _unbound(self, uid: str) -> None:
         """A pod read unbound after its Binding's outcome was unknown: back to the queue."""
-        obj = self._pending.get(uid)
-        if obj is not None:
-            self.on_pod("MODIFIED", obj)
+        info = self._pending.get(uid)
+        if info is not None:
+            self.on_pod("MODIFIED", dict(info.obj))
 
     def _verify_unconfirmed(self) -> None:
         for entry in self.state.expire():

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -46,7 +46,7 @@ SERIES_CAPACITY = 20_000  # objects whose last report is remembered (least recen
 MAX_NAME = 253
 
 
-def says_unschedulable(pod: dict[str, Any], message: str) -> bool:
+def says_unschedulable(pod: Mapping[str, Any], message: str) -> bool:
     """The pod's PodScheduled condition already is False / Unschedulable with this message."""
     for c in (pod.get("status") or {}).get("conditions") or ():
         if c.get("type") == "PodScheduled":

@@ -52,6 +52,7 @@ from gpupool_sched.placement.preemption import RunningPod
 from gpupool_sched.placement.quota import Amount, Verdict, admit, demand_of, held_by, reclaim_candidates, total
 
 if TYPE_CHECKING:
+    from gpupool_sched.kube.podinfo import PodInfo
     from gpupool_sched.kube.podspec import PodPlan
 
 log = logging.getLogger(__name__)
@@ -130,13 +131,13 @@ class QuotaBook(QuotaLedger):
             self.on_quota("ADDED", obj)
 
     # ---- what failover and the queue ask --------------------------------------------------------
-    def reclaimable_by(self, obj: Mapping[str, Any]) -> Callable[[PodEntry], bool] | None:
+    def reclaimable_by(self, pod: PodInfo | Mapping[str, Any]) -> Callable[[PodEntry], bool] | None:
         """For a nomination of the pending pod `obj` adopted after a failover, whose victims are known only as
         its node's terminating pods: those a quota reclaim for it may have evicted whatever their priority
         (pods of another quota's team holding what it asks for). None when its namespace has no quota (it
         cannot reclaim), its request is invalid or counts nothing."""
         try:
-            plan = self.state.plan(obj)
+            plan = self.state.plan(pod)
         except InvalidPod:
             return None
         demand = demand_of(plan.request, self.state.memory_unit_mib)
