@@ -450,7 +450,10 @@ def launch(kube: ClusterClient, scheduler: str, tag: str, opts: RunOptions) -> L
         "--metrics-address", components.LOOPBACK, *opts.gpupool_args,
     ]
     # the pid file sits in the cluster's run/ folder: `down` stops it too if the benchmark dies
-    process = start(tag, argv, layout.pid_file(tag), layout.log_file(tag), env=dict(os.environ))
+    env = dict(os.environ)
+    if opts.gpupool_src is not None:  # another tree's scheduler (an A/B against a baseline commit)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(opts.gpupool_src), env.get("PYTHONPATH")) if p)
+    process = start(tag, argv, layout.pid_file(tag), layout.log_file(tag), env=env)
     try:
         components.wait_ready(process, f"http://{components.LOOPBACK}:{port}/readyz", timeout_s=300)
     except BaseException:
@@ -508,6 +511,7 @@ class RunOptions:
     stall_s: float  # give up when nothing was bound for this long after the last create
     gpupool_args: tuple[str, ...] = ()
     cprofile_dir: Path | None = None  # run gpupool under cProfile, one .prof per run
+    gpupool_src: Path | None = None  # the scheduler's code from this src/ folder (PYTHONPATH first)
 
 
 @dataclass(frozen=True)
@@ -788,6 +792,7 @@ class ClusterReport:
     kubernetes_version: str
     kwok_version: str
     machine: dict[str, str] = field(default_factory=dict)
+    gpupool_src: str = ""  # --gpupool-src: the scheduler's code came from there ("": the installed one)
 
 
 def gpus_per_node(profile: str) -> int:
@@ -801,7 +806,8 @@ def run_cluster(args: argparse.Namespace, console: Console) -> tuple[list[RunRes
     if args.skip_gpupool:
         schedulers.remove(GPUPOOL)
     capacity = args.nodes * gpus_per_node(args.profile)
-    opts = RunOptions(args.concurrency, args.run_timeout, args.stall_timeout, tuple(args.gpupool_arg), args.cprofile)
+    opts = RunOptions(args.concurrency, args.run_timeout, args.stall_timeout, tuple(args.gpupool_arg), args.cprofile,
+                      args.gpupool_src)
     try:
         up = cluster.up(log=lambda line: console.print(f"  {line}"))
         kube = ClusterClient.connect(cluster, pool_size=args.concurrency + 4)
@@ -1045,6 +1051,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpupool-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for `python -m gpupool_sched` (repeat), e.g. "
                         "--gpupool-arg=--percentage-of-nodes-to-score=100")
+    parser.add_argument("--gpupool-src", type=Path, default=None, metavar="DIR",
+                        help="run the gpupool scheduler from this source tree (its src/ folder) instead of the "
+                             "installed one: benchmarks/bench_ab.py compares commits with it")
     parser.add_argument("--concurrency", type=int, default=32, help="parallel create requests")
     parser.add_argument("--run-timeout", type=float, default=900.0, help="seconds one run may take")
     parser.add_argument("--stall-timeout", type=float, default=60.0,
@@ -1084,6 +1093,7 @@ def main(argv: list[str] | None = None) -> int:
         kubernetes_version=k8s,
         kwok_version=kwok,
         machine={"cpus": str(os.cpu_count()), "python": platform.python_version(), "kernel": platform.release()},
+        gpupool_src=str(args.gpupool_src or ""),
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cluster.json").write_text(json.dumps(asdict(report), indent=1) + "\n")
