@@ -12,11 +12,18 @@ src/ may import which):
   (e) of tests/, only tests.support is imported (helpers moved out of the test folders stay out), and only
       as the package `tests` (never `scheduler_harness` or `deviceplugin.x` through sys.path towards tests/);
   (f) what the front ends share (gpupool_sched.kube, .cache, .framework, .writer, .metrics) imports no front
-      end and not the simulator.
+      end and not the simulator;
+  (g) one writer: outside gpupool_sched.writer (and kube/kubeapi.py, which defines them) no module of
+      gpupool_sched calls a KubeApi write method (`write` and every method that sends through it: Bindings,
+      Events, evictions, status patches). The names are read from kubeapi.py; a call counts by its
+      attribute name, and a name that other objects' methods also have (a file's `write`,
+      `Statement.evict`, the extender's `bind`) counts only on a receiver named like a KubeApi (`api`,
+      `self.api`, `kube_api`). The leader's Lease writes (`write_lease_sync`, through the client) are the
+      fence itself, not a write it fences: not counted.
 
 `from a import b` counts as an import of module a.b where a.b is a module, else of a; relative imports are
 resolved against the importer's package. test_the_rules_catch_violations feeds the checker fabricated
-sources that break each rule, so that this test can fail.
+sources that break each rule, so that this test can fail (test_the_writer_rule_catches_writes for (g)).
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ BARE = frozenset(p.stem for p in (ROOT / "tests").iterdir() if p.suffix == ".py"
 # (importer, imported) between front ends that are allowed: none since issue 18's layout (what they share lives in
 # kube/, cache/, framework/ and writer/). An entry must allow a real import (test_the_allow_list_is_exact).
 FRONT_END_ALLOWED: frozenset[tuple[str, str]] = frozenset()
+WRITER = "gpupool_sched.writer"
+KUBEAPI = "gpupool_sched.kube.kubeapi"
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,46 @@ def check(fabricated: list[Source], known: set[str] | None = None) -> list[str]:
     return violations(i for s in fabricated for i in imports(s, names))
 
 
+def write_methods(kubeapi: str) -> frozenset[str]:
+    """KubeApi's write methods: `write` and every method of the class that calls `self.write`."""
+    cls = next(n for n in ast.parse(kubeapi).body if isinstance(n, ast.ClassDef) and n.name == "KubeApi")
+    found = {"write"}
+    for fn in cls.body:
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+                isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "write"
+                and isinstance(c.func.value, ast.Name) and c.func.value.id == "self" for c in ast.walk(fn)):
+            found.add(fn.name)
+    return frozenset(found)
+
+
+def generic_names(found: Iterable[Source], methods: frozenset[str]) -> frozenset[str]:
+    """Write methods' names that other objects' methods have too: a file's `write`, and any defined in
+    src/ outside kubeapi.py."""
+    defined = {n.name for s in found if s.module.startswith("gpupool_sched.") and s.module != KUBEAPI
+               for n in ast.walk(ast.parse(s.text)) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    return frozenset(methods & (defined | {"write"}))
+
+
+def names_a_kube_api(node: ast.expr) -> bool:
+    """`api`, `self.api`, `self._api`, `kube_api`, `reports_api`..."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return "api" in name.lower().split("_")
+
+
+def write_violations(found: Iterable[Source], methods: frozenset[str], generic: frozenset[str]) -> list[str]:
+    """(g): calls of KubeApi write methods outside the writer package."""
+    out = []
+    for source in found:
+        if not source.module.startswith("gpupool_sched.") or within(source.module, (WRITER, KUBEAPI)):
+            continue
+        for node in ast.walk(ast.parse(source.text)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods \
+                    and (node.func.attr not in generic or names_a_kube_api(node.func.value)):
+                out.append(f"{source.path}:{node.lineno}: {source.module} calls KubeApi.{node.func.attr}: "
+                           f"(g) API writes go through {WRITER}")
+    return out
+
+
 # ---- the rules hold ---------------------------------------------------------------------------------------
 def test_the_trees_are_read() -> None:
     modules = {s.module for s in sources()}
@@ -154,6 +203,13 @@ def test_the_allow_list_is_exact() -> None:
     known = {s.module for s in found}
     seen = {(i.importer, i.module) for s in found for i in imports(s, known)}
     assert sorted(FRONT_END_ALLOWED - seen) == [], "allowed, but no longer imported: remove from FRONT_END_ALLOWED"
+
+
+def test_only_the_writer_writes() -> None:
+    found = sources()
+    methods = write_methods((ROOT / "src/gpupool_sched/kube/kubeapi.py").read_text())
+    assert {"write", "bind", "evict", "post_event", "patch_custom_status", "patch_cluster_custom_status"} <= methods
+    assert write_violations(found, methods, generic_names(found, methods)) == []
 
 
 # ---- the checker can fail -----------------------------------------------------------------------------------
@@ -192,3 +248,27 @@ def test_what_the_rules_allow() -> None:
         Source("tests.support.fake", "e.py", "from .objects import pod_obj"),
     ]
     assert check(fine, {"tests.support.objects", "tests.support.clusters", "tests.support.chart"}) == []
+
+
+def test_the_writer_rule_catches_writes() -> None:
+    kubeapi = ("class KubeApi:\n    async def write(self, m, p, b): ...\n"
+               "    async def evict(self, ns, n):\n        await self.write('POST', ns, n)\n"
+               "    async def patch_custom_status(self, ns, n, s):\n        await self.write('PATCH', ns, s)\n"
+               "    def read_lease_sync(self, ns, n): ...\n")
+    methods = write_methods(kubeapi)
+    assert methods == {"write", "evict", "patch_custom_status"}
+    fake = [
+        Source("gpupool_sched.scheduler.fake", "a.py", "async def f(self):\n    await self.api.evict('ns', 'p')\n"),
+        Source("gpupool_sched.framework.fake", "b.py", "async def f(x):\n    await x.patch_custom_status(1, 2, 3)\n"),
+        Source("gpupool_sched.extender.fake", "c.py", "async def f(kube_api):\n    await kube_api.write('P', 1, 2)\n"),
+        Source("gpupool_sched.statement", "d.py", "class Statement:\n    def evict(self): ...\n"),
+        Source("gpupool_sched.writer.fake", "e.py", "async def f(self):\n    await self.api.evict('ns', 'p')\n"),
+        Source("gpupool_sched.status.fake", "f.py", "import sys\nsys.stdout.write('x')\nstatement.evict(1)\n"
+               "api.read_lease_sync('ns', 'l')\n"),
+        Source("tests.scheduler.test_fake", "g.py", "async def f(api):\n    await api.evict('ns', 'p')\n"),
+    ]
+    generic = generic_names(fake, methods)
+    assert generic == {"write", "evict"}
+    found = write_violations(fake, methods, generic)
+    assert [v.split(":")[0] for v in found] == ["a.py", "b.py", "c.py"], found
+    assert all("(g)" in v for v in found)

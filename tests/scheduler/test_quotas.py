@@ -35,6 +35,7 @@ from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.preemption import RunningPod
 from gpupool_sched.placement.quota import Amount, Verdict, admit
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
+from gpupool_sched.writer.status import StatusWriter
 from tests.support.objects import bump, node_obj, nominated, ns_obj, pod_obj, quota_obj, team_spec, terminating
 from tests.support.waiting import eventually
 
@@ -301,16 +302,17 @@ def test_status_on_the_api_server(kube: ClusterClient, namespace: str, quotas_ap
 
         api = KubeApi(kube.api_client)
         book = QuotaBook(ClusterState("gpupool"))
+        statuses = StatusWriter(api)
         p = plan(namespace, "train", gpus=3)
 
         async def publish() -> int:
             await book.resync(api)
             place(book.state, p, (0, 1, 2))
-            return await book.publish(api)
+            return await statuses.quotas(book)
 
         try:
             assert asyncio.run(publish()) >= 3
-            again = asyncio.run(book.publish(api))  # nothing changed: the same status is not written again
+            again = asyncio.run(statuses.quotas(book))  # nothing changed: the same status is not written again
         finally:
             api.close()
         assert again == 0

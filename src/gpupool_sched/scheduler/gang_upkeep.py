@@ -1,5 +1,6 @@
 """What becomes of gangs after their decision: members joining and ending, a member's failed Binding, the
-release of a gang still short after its timeout, and the PodGroup status the leader writes."""
+release of a gang still short after its timeout, and the PodGroup status the leader writes. The writes
+themselves are the writer's: statuses through `StatusWriter`, evictions through the `Preemptor`'s path."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool_sched.cache.state import ClusterState
-from gpupool_sched.framework.plugins.gangs import GROUP, PLURAL, VERSION, Gangs, group_of
-from gpupool_sched.kube.kubeapi import ApiError, KubeApi
+from gpupool_sched.framework.plugins.gangs import GROUP, VERSION, Gangs, group_of
+from gpupool_sched.kube.kubeapi import ApiError
 from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.writer.binder import BindOutcome
+from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder
+from gpupool_sched.writer.status import StatusWriter
 
 log = logging.getLogger(__name__)
 POD_GROUP = (f"{GROUP}/{VERSION}", "PodGroup")
@@ -24,7 +27,8 @@ POD_GROUP = (f"{GROUP}/{VERSION}", "PodGroup")
 class GangUpkeep:
     state: ClusterState
     gangs: Gangs
-    api: KubeApi
+    statuses: StatusWriter
+    evictions: Preemptor  # the writer's eviction path
     recorder: EventRecorder
     metrics: SchedulerMetrics
     is_leader: Callable[[], bool]
@@ -111,7 +115,7 @@ class GangUpkeep:
 
     async def _evict_member(self, key: str, namespace: str, name: str, uid: str) -> None:
         try:
-            await self.api.evict(namespace, name, uid, None)
+            await self.evictions.release(namespace, name, uid)
         except ApiError as exc:
             log.warning("pod %s/%s: releasing it from its broken gang failed (%s); trying again after the "
                         "gang's timeout", namespace, name, exc)
@@ -121,10 +125,7 @@ class GangUpkeep:
                 self.gangs.broke(key)
 
     async def _patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        try:
-            await self.api.patch_custom_status(GROUP, VERSION, PLURAL, namespace, name, status)
-        except ApiError as exc:
-            log.warning("PodGroup %s/%s: writing its status failed: %s", namespace, name, exc)
+        if not await self.statuses.pod_group(namespace, name, status):
             group = self.gangs.groups.get(f"{namespace}/{name}")
             if group is not None:
                 group.written = {}  # written again at the next housekeeping

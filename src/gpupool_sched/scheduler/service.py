@@ -46,6 +46,7 @@ from gpupool_sched.scheduler.scheduling import Scheduling
 from gpupool_sched.writer.binder import Binder, BindOutcome
 from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder
+from gpupool_sched.writer.status import StatusWriter
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +143,9 @@ class SchedulerService:
         self.scheduling = Scheduling(self.state, self.queue, self.cycle, self.quotas, self.gangs, self.budgets,
                                      self.binder, self.preemptor, self.recorder, self.metrics, self._pending,
                                      self.policies.observe)
-        self.gang_upkeep = GangUpkeep(self.state, self.gangs, api, self.recorder, self.metrics,
-                                      lambda: self.leader.is_leader, self._spawn, self._wake_gang,
+        self.statuses = StatusWriter(api)  # GpuQuota and PodGroup status
+        self.gang_upkeep = GangUpkeep(self.state, self.gangs, self.statuses, self.preemptor, self.recorder,
+                                      self.metrics, lambda: self.leader.is_leader, self._spawn, self._wake_gang,
                                       repair_s=config.gang_repair_s)
         self.gauges = Gauges(self.metrics, self.state, self.queue, lambda: self.leader.is_leader,
                              self.policies.profile.profile, config.memory_unit_mib)
@@ -345,7 +347,7 @@ class SchedulerService:
 
     async def _publish_quotas(self) -> None:
         try:
-            await self.quotas.publish(self.api)
+            await self.statuses.quotas(self.quotas)
         except ApiError as exc:
             log.warning("writing GpuQuota status failed: %s", exc)
 

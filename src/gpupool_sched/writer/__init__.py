@@ -1,2 +1,2 @@
-"""Writes to the API server: Bindings, evictions and nominations, Events and PodScheduled conditions, each
-through its lane of API threads (`apiwriter`)."""
+"""Writes to the API server: Bindings, evictions and nominations, Events and PodScheduled conditions, GpuQuota
+and PodGroup status (`status`), each through its lane of API threads (`apiwriter`)."""

@@ -5,6 +5,7 @@ the preemptor's status.nominatedNodeName and posts the Events that say who preem
 Like the binder it runs as asyncio tasks off the cycle. A victim already gone (404) is fine; any other
 failure (429: a PDB forbids it) aborts the preemption: victims not yet evicted are spared, the holds of
 the gone ones are released, the nomination is cleared and the preemptor retried after its backoff.
+The one eviction path of the scheduler: a broken gang's members are released through `release` too.
 Which pods may preempt, which are candidates and how long a nomination holds: framework/plugins/victims.py.
 docs/preemption.md tells the whole story.
 """
@@ -83,6 +84,14 @@ class Preemptor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def release(self, namespace: str, name: str, uid: str) -> None:
+        """Evict a pod outside a preemption, with its own grace period: a member of a broken gang released
+        (scheduler/gang_upkeep.py). ApiError when it fails (404 included: the caller decides)."""
+        await self._evict(namespace, name, uid, None)
+
+    async def _evict(self, namespace: str, name: str, uid: str, grace_s: int | None) -> None:
+        await self.api.evict(namespace, name, uid, grace_s)
+
     async def _clear(self, namespace: str, name: str) -> None:
         try:
             await self.api.set_nominated_node(namespace, name, None)
@@ -107,7 +116,7 @@ class Preemptor:
                 self.state.spare(plan.uid, (t.uid for t in targets[i:]))
                 return
             try:
-                await self.api.evict(target.namespace, target.name, target.uid, target.grace_s)
+                await self._evict(target.namespace, target.name, target.uid, target.grace_s)
             except ApiError as exc:
                 if exc.status == 404:
                     continue  # already gone: what it held is free (or held, if the watch saw it go)

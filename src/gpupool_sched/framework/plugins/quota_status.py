@@ -1,6 +1,7 @@
 """What the QuotaBook reports about each GpuQuota (framework/plugins/quotas.py): the status it should show (used,
 borrowed, governed namespaces, Valid and Overlapping conditions), compared with the one it shows and
-stamped with transition times, and the per-quota gauges."""
+stamped with transition times (`QuotaStatus`: one to write, which writer/status.py does), and the per-quota
+gauges."""
 
 from __future__ import annotations
 
@@ -66,6 +67,15 @@ class QuotaGauges:
         if not keep_valid:
             with contextlib.suppress(KeyError):
                 self.valid.remove(name)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaStatus:
+    """A GpuQuota's status to write (transition times stamped), and the record of the quota it is for."""
+
+    name: str
+    status: dict[str, Any]
+    record: _Record
 
 
 def invalid_status(record: _Record) -> dict[str, Any]:

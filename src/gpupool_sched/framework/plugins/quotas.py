@@ -1,7 +1,8 @@
 """GpuQuota objects in the scheduler: read and validated from the watch, resolved against Namespace
-labels, usage counted from the ledger, status written back, and the two questions the cycle asks
+labels, usage counted from the ledger, the status to write back, and the two questions the cycle asks
 (`check`: may this pod start; `reclaim`: whose borrowed pods may give GPUs back). The decisions are the
-placement core's (placement/quota.py); this module only feeds them and reports.
+placement core's (placement/quota.py); this module only feeds them and says what the status should be
+(writer/status.py writes it).
 
     kopf on.event gpuquotas, namespaces ──▶ QuotaBook.on_quota / on_namespace
     ClusterState.pods (assumed, bound, confirmed) ──▶ usage per quota
@@ -9,7 +10,8 @@ placement core's (placement/quota.py); this module only feeds them and reports.
     ClusterState.watchers ──▶ _recount(entry): usage per namespace and per quota, kept as the ledger
         changes (a check costs O(quotas), not O(pods)); a quota's usage dropping ──▶ on_freed(quota),
         which wakes only the over-quota pods that wait for it (wake_hints)
-    housekeeping ──▶ publish(api): status.used / borrowed / namespaces / conditions, gauges
+    housekeeping ──▶ status_updates(): status.used / borrowed / namespaces / conditions where they changed,
+        gauges ──▶ StatusWriter.quotas (writer/status.py) writes them, sent(update) for each written
 
 An invalid GpuQuota (unknown or misspelt fields, negative or non-integer amounts, a malformed
 selector) gets `Valid=False` with every problem in its message and is ignored: it governs no
@@ -17,9 +19,9 @@ namespace, and nothing else changes. The apiserver's schema (deploy/crds) alread
 these; the checks here cover what a schema cannot (label syntax, `In` without values, misspelt
 fields, which the schema keeps instead of pruning) and objects written against an older schema.
 
-The parts: scheduler/quota_spec.py (the object validated, the record kept of it), scheduler/quota_ledger.py
-(`QuotaLedger`, the base of `QuotaBook`: quotas resolved, usage counted from the ledger) and
-scheduler/quota_status.py (the status and gauges published).
+The parts: quota_spec.py (the object validated, the record kept of it), quota_ledger.py (`QuotaLedger`,
+the base of `QuotaBook`: quotas resolved, usage counted from the ledger) and quota_status.py (the status
+and gauges published), all in framework/plugins/.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from gpupool_sched.framework.plugins.quota_spec import _Record
 from gpupool_sched.framework.plugins.quota_spec import parse_quota as parse_quota
 from gpupool_sched.framework.plugins.quota_status import (
     QuotaGauges,
+    QuotaStatus,
     _same_status,
     _with_transition_times,
     invalid_status,
@@ -60,7 +63,7 @@ log = logging.getLogger(__name__)
 GROUP, VERSION, PLURAL = "gpupool.io", "v1alpha1", "gpuquotas"
 QUOTAS_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 NAMESPACES_PATH = "/api/v1/namespaces"
-VERIFY_EVERY = 60  # publish() calls (housekeeping: about a minute) between full recounts of the usage
+VERIFY_EVERY = 60  # status_updates() calls (housekeeping: about a minute) between full recounts of the usage
 
 
 class QuotaBook(QuotaLedger):
@@ -270,31 +273,28 @@ class QuotaBook(QuotaLedger):
         quotas = self.quotas()
         return valid_status(record, quotas, used if used is not None else self.usage())
 
-    async def publish(self, api: KubeApi) -> int:
-        """Write the status of every quota whose status differs from what it shows; update the gauges.
-        Returns how many were written. A failed write is logged and retried on the next call. Every
-        VERIFY_EVERY calls, the usage is first checked against a full recount of the ledger."""
+    def status_updates(self) -> list[QuotaStatus]:
+        """The status of every quota whose status differs from what it shows and from what was last sent
+        (`sent`), transition times stamped; the gauges are updated. A status not marked sent (its write
+        failed) is in the next call's updates again. Every VERIFY_EVERY calls, the usage is first checked
+        against a full recount of the ledger."""
         self._publishes += 1
         if self._publishes % VERIFY_EVERY == 0:
             self.verify()
         used = self.usage()
         self._set_gauges(used)
-        written = 0
+        updates = []
         for name in sorted(self.records):
             record = self.records[name]
             desired = self.desired_status(name, used)
             if _same_status(record.observed, desired) or _same_status(record.sent, desired):
                 continue
-            status = _with_transition_times(desired, record.observed)
-            try:
-                await api.patch_cluster_custom_status(GROUP, VERSION, PLURAL, name, status)
-            except ApiError as exc:
-                if exc.status != 404:
-                    log.warning("GpuQuota %s: writing its status failed: %s", name, exc)
-                continue
-            record.sent = status
-            written += 1
-        return written
+            updates.append(QuotaStatus(name, _with_transition_times(desired, record.observed), record))
+        return updates
+
+    def sent(self, update: QuotaStatus) -> None:
+        """`update` was written: not written again while nothing changes."""
+        update.record.sent = update.status
 
     def _set_gauges(self, used: Mapping[str, Amount]) -> None:
         if self.gauges is not None:
