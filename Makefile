@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 export GPUPOOL_CACHE ?= $(HOME)/.cache/gpupool
 
 .PHONY: help venv simulate test test-unit test-e2e lint typecheck fmt bench bench-sim bench-deviceplugin \
-        bench-cluster-infra bench-cluster bench-extender bench-quotas proto cluster-bins cluster-up cluster-down demo demo-down clean \
+        bench-cluster-infra bench-cluster bench-extender bench-quotas bench-preemption proto cluster-bins cluster-up cluster-down demo demo-down clean \
         image node-images
 
 help: ## list every target with its description (the `## ` comment on its line)
@@ -48,7 +48,7 @@ fmt: $(VPY) ## ruff --fix: apply ruff's automatic fixes to src, tests and benchm
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 bench: $(VPY) ## all benchmarks: JSON + table in out/bench/
-	$(MAKE) bench-sim bench-deviceplugin bench-extender bench-quotas bench-cluster-infra bench-cluster
+	$(MAKE) bench-sim bench-deviceplugin bench-extender bench-quotas bench-preemption bench-cluster-infra bench-cluster
 
 bench-sim: $(VPY) ## simulator wall time per policy + per-decision cost at 1k/5k/20k nodes
 	$(VPY) -m benchmarks.bench_placement --out out/bench
@@ -61,6 +61,9 @@ bench-extender: $(VPY) ## extender's added latency per pod (filter + prioritize 
 
 bench-quotas: $(VPY) ## GpuQuota admission: a check (10k pods, 50 quotas) and a freed GPU (500 over-quota pods), vs the full rescan
 	$(VPY) -m benchmarks.bench_quotas --out out/bench
+
+bench-preemption: $(VPY) ## one preemption plan at 1000 nodes x 8 pods: kube-scheduler's candidate sampling vs the full search
+	$(VPY) -m benchmarks.bench_preemption --out out/bench
 
 bench-cluster-infra: $(VPY) cluster-bins ## 1000 fake GPU nodes + 10k pods: bring-up time and memory
 	$(VPY) -m benchmarks.bench_cluster_infra --out out/bench

@@ -36,6 +36,11 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     (["--nomination-slack", "-5"], "must be positive"),
     (["--kubeconfig", "/does/not/exist"], "does not exist"),
     (["--kubeconfig", "/dev/null", "--leader-elect", "--retry-period", "20"], "--retry-period < --renew-deadline"),
+    (["--preemption-min-candidate-nodes-percentage", "101"], "outside 0..100"),
+    (["--preemption-min-candidate-nodes-absolute", "-1"], "must be"),
+    (["--preemption-search-budget-ms", "0"], "must be positive"),
+    (["--kubeconfig", "/dev/null", "--preemption-min-candidate-nodes-percentage", "0",
+      "--preemption-min-candidate-nodes-absolute", "0"], "cannot both be 0"),
 ])
 def test_bad_flags(args: list[str], words: str) -> None:
     assert words in one_error_line(run(*args))

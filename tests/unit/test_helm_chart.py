@@ -136,6 +136,20 @@ def test_every_flag_the_chart_passes_is_accepted_by_the_cli(deployment: str) -> 
         "metrics_address" if args.command == "scheduler" else "address") == "127.0.0.1"
 
 
+def test_the_preemption_search_values_reach_the_schedulers_flags() -> None:
+    """scheduler.preemption: kube-scheduler's minCandidateNodes (docs/preemption.md#candidate-sampling);
+    searchBudgetMs 0 passes no flag (no time limit)."""
+    default = build_parser().parse_args(_expanded_command(render(), "rel-gpupool-scheduler")[1:])
+    assert (default.preemption_min_candidate_nodes_percentage, default.preemption_min_candidate_nodes_absolute,
+            default.preemption_search_budget_ms) == (10, 100, None)
+    docs = render("--set", "scheduler.preemption.minCandidateNodesPercentage=25",
+                  "--set", "scheduler.preemption.minCandidateNodesAbsolute=40",
+                  "--set", "scheduler.preemption.searchBudgetMs=250")
+    args = build_parser().parse_args(_expanded_command(docs, "rel-gpupool-scheduler")[1:])
+    assert (args.preemption_min_candidate_nodes_percentage, args.preemption_min_candidate_nodes_absolute,
+            args.preemption_search_budget_ms) == (25, 40, 250.0)
+
+
 def test_the_plugin_config_listens_on_all_addresses_and_its_default_on_loopback() -> None:
     from gpupool_deviceplugin.config import parse_config
 
@@ -168,6 +182,8 @@ def test_monitoring_objects_carry_the_chart_files() -> None:
     (["--set", "gpuMemoryUnitMiB=3"], "at '/gpuMemoryUnitMiB': minimum: got 3, want 64"),
     (["--set", "devicePlugin.mpsPipeDirectory=mps"], "at '/devicePlugin/mpsPipeDirectory'"),
     (["--set", "priorityClasses.classes.tier.value=2000000000"], "at '/priorityClasses/classes/tier/value'"),
+    (["--set", "scheduler.preemption.minCandidateNodesPercentage=101"],
+     "at '/scheduler/preemption/minCandidateNodesPercentage': maximum: got 101, want 100"),
     (["--set", "scheduler.leaderElection.renewDeadlineSeconds=20"],
      "need retryPeriodSeconds < renewDeadlineSeconds < leaseDurationSeconds"),
     (["--set", "prometheusRule.enabled=true"], "this cluster has no monitoring.coreos.com/v1 PrometheusRule"),

@@ -21,6 +21,7 @@ from gpupool_sched.framework.session import Candidates, Outcome, Session, Steps,
 from gpupool_sched.framework.statement import Statement
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Unschedulable
+from gpupool_sched.placement.candidates import CandidateBudget
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
@@ -67,8 +68,11 @@ class Cycle:
         nomination_slack_s: float = 60.0,
         max_preemptions: int = 3,
         max_checkpoint_grace_s: int = DEFAULT_MAX_CHECKPOINT_GRACE_S,
+        candidates: CandidateBudget | None = None,
     ) -> None:
         self.state = state
+        # how many viable nodes end a preemption search (kube-scheduler's minCandidateNodes*; None: 10 %, 100)
+        self.candidates = candidates
         # a pod preempts at most this often (an eviction refused, room lost to another scheduler, holds
         # expired): past it, it waits like a Never pod, so no two schedulers fight over a node forever
         self.max_preemptions = max_preemptions
@@ -86,7 +90,7 @@ class Cycle:
     def session(self, plans: list[PodPlan], need: int, *, gang: bool, running: Candidates | None = None,
                 reclaim: Candidates | None = None, offload: bool = False) -> Session:
         return Session(self.state, plans, need, gang, self.policy(), self.rng, self.sampler, running, reclaim,
-                       self.hold_s, self.max_preemptions, offload)
+                       self.hold_s, self.max_preemptions, offload, self.candidates)
 
     @staticmethod
     def run(session: Session) -> Steps[Outcome]:

@@ -20,6 +20,7 @@ import numpy as np
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Unschedulable
+from gpupool_sched.placement.candidates import CandidateBudget
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
@@ -90,6 +91,7 @@ class Session:
     hold_s: Callable[[Iterable[str]], float]  # how long a nomination holds for its victims
     max_preemptions: int
     offload: bool = False  # plannings run on another thread: they get their own snapshot copy
+    candidates: CandidateBudget | None = None  # how many viable nodes end a preemption search (None: default)
     seconds: float = 0.0  # time in the placement core
     unschedulable: Unschedulable | GangUnschedulable | None = None  # why allocate found no room
 

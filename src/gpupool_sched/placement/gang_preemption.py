@@ -16,13 +16,14 @@ budget allowing one disruption is not counted once per node.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from gpupool_sched.model.cluster import ClusterSnapshot
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
+from gpupool_sched.placement.candidates import CandidateBudget
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import gang_order
@@ -46,6 +47,7 @@ class GangPreemption:
 
     members: tuple[MemberPlan, ...]
     pdb_violations: int
+    considered: int = field(default=0, compare=False)  # nodes the members' searches tried, summed
 
     @property
     def victims(self) -> tuple[RunningPod, ...]:
@@ -60,16 +62,18 @@ def plan_gang_preemption(
     running: Sequence[RunningPod],
     policy: Policy,
     rng: np.random.Generator | None = None,
+    budget: CandidateBudget | None = None,
 ) -> GangPreemption | None:
     """Victims among ``running`` (pods of any priority accounted on ``snapshot``; only those of strictly
     lower ``priority`` are taken) that let ``need`` of ``members`` fit together, or None when even that
-    would not make room. A result without victims means the gang fits as things are."""
+    would not make room. A result without victims means the gang fits as things are. ``budget``: each
+    member's search, as ``plan_preemption``'s."""
     if not 1 <= need <= len(members):
         raise ValueError(f"a gang of {len(members)} member(s) cannot need {need} at once")
     left = {p.uid: p for p in running if p.priority < priority}
     undo: list[tuple[str, PodRequest, Placement]] = []  # ("assume" | "release", ...) to reverse
     planned: list[MemberPlan] = []
-    violations = 0
+    violations = considered = 0
     spent: dict[str, int] = {}  # disruptions the victims so far took of each budget
     try:
         order = gang_order(members)
@@ -82,13 +86,14 @@ def plan_gang_preemption(
                 victims: tuple[RunningPod, ...] = ()
             else:
                 preemption = plan_preemption(snapshot, request, priority, list(left.values()), policy, rng,
-                                             spent=spent)
+                                             spent=spent, budget=budget)
                 if preemption is None:  # fits nowhere even with every lower pod gone: the others may do
                     if len(planned) + len(order) - pos - 1 < need:
                         return None
                     continue
                 victims, decision = preemption.victims, preemption.placement
                 violations += preemption.pdb_violations
+                considered += preemption.considered
                 spent = spend(victims, spent)
                 for victim in victims:
                     del left[victim.uid]
@@ -105,4 +110,4 @@ def plan_gang_preemption(
                 snapshot.assume(request, placement)
     if len(planned) < need:
         return None
-    return GangPreemption(tuple(planned), violations)
+    return GangPreemption(tuple(planned), violations, considered)

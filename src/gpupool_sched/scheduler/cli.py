@@ -13,6 +13,7 @@ import uuid
 from gpupool_common.clihelp import DefaultsHelpFormatter
 from gpupool_sched.errors import OneLineParser, UserError
 from gpupool_sched.kube import cli_args
+from gpupool_sched.placement.candidates import MIN_CANDIDATE_NODES_ABSOLUTE, MIN_CANDIDATE_NODES_PERCENTAGE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,6 +76,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-checkpoint-grace", type=cli_args.positive(int), default=3600, metavar="SECONDS",
                    help="cap on gpupool.io/checkpoint-grace-seconds: a larger value is clamped (and said in "
                         "the victim's Preempted Event)")
+    p.add_argument("--preemption-min-candidate-nodes-percentage", type=_percentage,
+                   default=MIN_CANDIDATE_NODES_PERCENTAGE, metavar="PERCENT",
+                   help="a preemption search stops once it has found this %% of the nodes it could try as "
+                        "candidates (kube-scheduler's minCandidateNodesPercentage; docs/preemption.md)")
+    p.add_argument("--preemption-min-candidate-nodes-absolute", type=cli_args.non_negative(int),
+                   default=MIN_CANDIDATE_NODES_ABSOLUTE, metavar="NODES",
+                   help="... but not before it has found this many (minCandidateNodesAbsolute); both 0 is an error")
+    p.add_argument("--preemption-search-budget-ms", type=cli_args.positive(float), default=None, metavar="MS",
+                   help="a preemption search also stops after this long once it has found one candidate "
+                        "(default: no time limit)")
     cli_args.add_consistency_check(p, see="; docs/scheduler.md#guarantees-under-faults")
     cli_args.add_log_level(p)
 
@@ -86,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     cli_args.start_server_process(args.log_level)
     if not args.retry_period < args.renew_deadline < args.lease_duration:
         raise UserError("need --retry-period < --renew-deadline < --lease-duration")
+    if args.preemption_min_candidate_nodes_percentage == 0 and args.preemption_min_candidate_nodes_absolute == 0:
+        raise UserError("--preemption-min-candidate-nodes-percentage and -absolute cannot both be 0")
     api, host, version = connect(args.kubeconfig, component=args.scheduler_name, workers=args.bind_workers)
     identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     config = SchedulerConfig(
@@ -105,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
         identity=identity,
         nomination_slack_s=args.nomination_slack,
         max_checkpoint_grace_s=args.max_checkpoint_grace,
+        preemption_min_candidate_nodes_percentage=args.preemption_min_candidate_nodes_percentage,
+        preemption_min_candidate_nodes_absolute=args.preemption_min_candidate_nodes_absolute,
+        preemption_search_budget_s=(None if args.preemption_search_budget_ms is None
+                                    else args.preemption_search_budget_ms / 1000),
         consistency_check_s=args.consistency_check_interval,
         freeze_gc=True,
     )

@@ -39,6 +39,11 @@ from gpupool_sched.kube.informer import Informers, WatchedKind
 from gpupool_sched.kube.kubeapi import ApiError, KubeApi
 from gpupool_sched.kube.podinfo import PodInfo
 from gpupool_sched.metrics import SchedulerMetrics
+from gpupool_sched.placement.candidates import (
+    MIN_CANDIDATE_NODES_ABSOLUTE,
+    MIN_CANDIDATE_NODES_PERCENTAGE,
+    CandidateBudget,
+)
 from gpupool_sched.scheduler.gang_upkeep import GangUpkeep
 from gpupool_sched.scheduler.gauges import Gauges
 from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
@@ -77,6 +82,9 @@ class SchedulerConfig:
     nomination_slack_s: float = 60.0  # freed GPUs are held for a preemptor the victims' grace + this
     gang_repair_s: float = 60.0  # a committed gang short of a member (failed Binding) for this long is released
     max_checkpoint_grace_s: int = DEFAULT_MAX_CHECKPOINT_GRACE_S  # gpupool.io/checkpoint-grace-seconds cap
+    preemption_min_candidate_nodes_percentage: int = MIN_CANDIDATE_NODES_PERCENTAGE  # kube-scheduler's
+    preemption_min_candidate_nodes_absolute: int = MIN_CANDIDATE_NODES_ABSOLUTE  # DefaultPreemptionArgs
+    preemption_search_budget_s: float | None = None  # a search also ends after this, with a candidate found
     consistency_check_s: float = 300.0  # a re-list of every watched kind that repairs what the watch missed
     freeze_gc: bool = False  # the process's own (CLI): gc.freeze() after the first sync
 
@@ -108,7 +116,10 @@ class SchedulerService:
         self.cycle = Cycle(self.state, self.policies.current,
                            percentage_of_nodes_to_score=config.percentage_of_nodes_to_score,
                            nomination_slack_s=config.nomination_slack_s,
-                           max_checkpoint_grace_s=config.max_checkpoint_grace_s)
+                           max_checkpoint_grace_s=config.max_checkpoint_grace_s,
+                           candidates=CandidateBudget(config.preemption_min_candidate_nodes_percentage,
+                                                      config.preemption_min_candidate_nodes_absolute,
+                                                      config.preemption_search_budget_s))
         self.leader: LeaderElector | AlwaysLeader = (
             LeaderElector(api, config.lease_namespace, config.lease_name, config.identity,
                           lease_duration_s=config.lease_duration_s, renew_deadline_s=config.renew_deadline_s,

@@ -28,16 +28,17 @@ def may_evict(session: Session) -> bool:
 def evict(session: Session, priority: int, candidates: list[RunningPod], reclaiming: bool) -> Steps[Outcome | None]:
     """Plan evictions among `candidates` as if the job had `priority`; None when no plan has victims."""
     snapshot = session.state.snapshot.copy() if session.offload else session.state.snapshot
-    policy, rng, plans = session.policy, session.rng, session.plans
+    policy, rng, plans, budget = session.policy, session.rng, session.plans, session.candidates
     compute: Callable[[], Any]
     if session.gang:
         requests = [p.request for p in plans]
 
         def compute() -> GangPreemption | None:
-            return plan_gang_preemption(snapshot, requests, session.need, priority, candidates, policy, rng)
+            return plan_gang_preemption(snapshot, requests, session.need, priority, candidates, policy, rng,
+                                        budget=budget)
     else:
         def compute() -> Preemption | None:
-            return plan_preemption(snapshot, plans[0].request, priority, candidates, policy, rng)
+            return plan_preemption(snapshot, plans[0].request, priority, candidates, policy, rng, budget=budget)
 
     timed: list[float] = []
 
