@@ -2,8 +2,9 @@
 
 `bench_cluster` runs once per side and round, gpupool only, the sides alternated (A B, then B A, ...)
 so that neither always meets the warmer machine; each run brings up its own cluster of the same size.
-The baseline is checked out with `git worktree` and its scheduler started from there
-(`bench_cluster --gpupool-src`); the benchmark code and the cluster are this tree's for both sides.
+Both sides are checked out with `git worktree` (the candidate defaults to HEAD: edits made in the tree
+while it runs do not leak in) and their schedulers started from there (`bench_cluster --gpupool-src`);
+the benchmark code and the cluster are this tree's for both sides.
 
 Per mode and measure it reports the median of each side's rounds, the ratio candidate / baseline and
 the noise: the largest spread between two rounds of the same side (max / min - 1, over both sides).
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", required=True, help="git revision to compare against")
+    parser.add_argument("--candidate", default="HEAD", help="git revision to measure (default: HEAD)")
     parser.add_argument("--rounds", type=int, default=2, help="runs per side")
     parser.add_argument("--out", type=Path, default=Path("out/bench/ab"))
     parser.add_argument("cluster_args", nargs="*", help="passed to bench_cluster (after --), e.g. "
@@ -91,19 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    baseline, candidate = _rev(args.baseline), _rev("HEAD")
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    if dirty:
-        candidate += "+changes"
+    baseline, candidate = _rev(args.baseline), _rev(args.candidate)
     args.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "candidate": []}
     with tempfile.TemporaryDirectory(prefix="gpupool-ab-") as tmp:
-        tree = Path(tmp) / "baseline"
-        subprocess.run(["git", "worktree", "add", "--detach", "-f", str(tree), baseline], cwd=ROOT, check=True,
-                       capture_output=True)
+        trees = {side: Path(tmp) / side for side in ("baseline", "candidate")}
+        for side, rev in (("baseline", baseline), ("candidate", candidate)):
+            subprocess.run(["git", "worktree", "add", "--detach", "-f", str(trees[side]), rev], cwd=ROOT,
+                           check=True, capture_output=True)
         try:
-            sources = {"baseline": tree / "src", "candidate": ROOT / "src"}
+            sources = {side: tree / "src" for side, tree in trees.items()}
             for r in range(args.rounds):
                 for side in ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline"):
                     folder = args.out / f"{side}-{r + 1}"
@@ -117,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"round {r + 1}/{args.rounds}: {side} done in {time.monotonic() - began:.0f}s",
                           file=sys.stderr, flush=True)
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+            for tree in trees.values():
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
     summary = summarise(runs)
     (args.out / "ab.json").write_text(json.dumps(
         {"baseline": baseline, "candidate": candidate, "rounds": args.rounds, "cluster_args": args.cluster_args,
