@@ -321,6 +321,20 @@ def create_timed(
     return created
 
 
+def drain_events(core: client.CoreV1Api, namespace: str, reason: str, expected: int, *, quiet_s: float = 5.0,
+                 timeout_s: float = 120.0) -> tuple[int, float]:
+    """Events of `reason` once the count reaches `expected` or stops growing for `quiet_s` (at most
+    `timeout_s`), and how long that took."""
+    began = time.monotonic()
+    count, last_change = count_events(core, namespace, reason), began
+    while count < expected and time.monotonic() - last_change < quiet_s and time.monotonic() - began < timeout_s:
+        time.sleep(1.0)
+        now = count_events(core, namespace, reason)
+        if now != count:
+            count, last_change = now, time.monotonic()
+    return count, round(time.monotonic() - began, 1)
+
+
 def count_events(core: client.CoreV1Api, namespace: str, reason: str) -> int:
     """Events of `reason` in the namespace (core/v1 also lists kube-scheduler's events.k8s.io/v1 ones)."""
     count, cont = 0, None
@@ -492,6 +506,8 @@ class RunResult:
     metrics: dict[str, float] = field(default_factory=dict)  # gpupool's own /metrics at the end
     load_before: float = 0.0  # 1-minute load average before the run (other work on the machine)
     scheduled_events: int = 0  # `Scheduled` Events in the run's namespace when its last pod was bound
+    scheduled_events_final: int = 0  # ... once the scheduler's queued Events went out (drain_events)
+    events_drain_s: float = 0.0  # how long after the last bind that took
     writes_per_s: dict[str, float] = field(default_factory=dict)  # API writes per kind per run second (apiserver)
     timed_out: bool = False
 
@@ -591,6 +607,9 @@ def one_run(kube: ClusterClient, spec: RunSpec, opts: RunOptions, console: Conso
             metrics = scrape_gpupool(launched.metrics_port) if launched.metrics_port else {}
             scheduled_events = count_events(core, spec.namespace, "Scheduled")  # posted by the last bind
             writes_after = apiserver_writes(kube)
+            # then, not measured: every Scheduled Event the scheduler still has queued (none dropped with
+            # --scheduled-events all) goes out before it is stopped
+            events_final, events_drain_s = drain_events(core, spec.namespace, "Scheduled", spec.expected)
         finally:
             if launched is not None:
                 launched.process.stop()
@@ -600,6 +619,7 @@ def one_run(kube: ClusterClient, spec: RunSpec, opts: RunOptions, console: Conso
     delete_s += settle(kube.cluster)
     result = _result(spec, binds, created, began, create_began, create_ended, launched, rss_peak,
                      sampler.max_rss_mib, cpu, delete_s, metrics, load_before, timed_out, scheduled_events)
+    result.scheduled_events_final, result.events_drain_s = events_final, events_drain_s
     if result.seconds and result.seconds == result.seconds:  # not NaN: something was bound
         result.writes_per_s = {k: round((writes_after[k] - writes_before.get(k, 0.0)) / result.seconds, 1)
                                for k in sorted(writes_after)}
@@ -896,7 +916,7 @@ def _row(r: RunResult, ratio: dict[str, float] | None) -> list[str]:
         f"{r.cpu_s['scheduler']:.1f}{rel('cpu_s')}",
         f"{r.cpu_s.get('kube-apiserver', 0.0):.1f}",
         f"{r.create_per_s:.0f}",
-        str(r.scheduled_events),
+        f"{r.scheduled_events} / {r.scheduled_events_final}",
         " / ".join(f"{r.writes_per_s.get(k, 0.0):.0f}" for k in ("bindings", "events", "pod_status_patches"))
         if r.writes_per_s else "-",
     ]
@@ -904,7 +924,7 @@ def _row(r: RunResult, ratio: dict[str, float] | None) -> list[str]:
 
 HEADERS = (
     "mode", "scheduler", "bound", "s", "pods/s", "p50 ms", "p99 ms", "peak RSS MiB", "CPU s", "apiserver CPU s",
-    "created/s", "Scheduled Events", "writes/s: Binding / Event / pod status",
+    "created/s", "Scheduled Events: at last bind / after drain", "writes/s: Binding / Event / pod status",
 )
 
 

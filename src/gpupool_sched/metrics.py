@@ -83,6 +83,20 @@ class SchedulerMetrics:
             registry=r)
         for reason in ("priority", "quota"):
             self.preemption_victims.labels(reason=reason)
+        self.migrations = Counter(
+            "gpupool_scheduler_migrations", "Pods moved to defragment, by reason (blocked: for a pod that fit "
+            "nowhere) and result (planned: destination held, eviction to be sent; evicted; replaced: its "
+            "replacement placed on the held destination; failed: the eviction was refused; abandoned: the pod "
+            "it moved for went away first)", ["reason", "result"], registry=r)
+        for result in ("planned", "evicted", "replaced", "failed", "abandoned"):
+            self.migrations.labels(reason="blocked", result=result)
+        self.migration_duration = Histogram(
+            "gpupool_scheduler_migration_duration_seconds",
+            "From a migration's plan to the pod it made room for being placed",
+            buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600), registry=r)
+        self.defrag_budget_remaining = Gauge(
+            "gpupool_scheduler_defrag_budget_remaining", "Moves the defragmentation budget allows in the "
+            "rest of the hour", registry=r)
         self.nominations = Gauge(
             "gpupool_scheduler_nominations", "Preemptors waiting for their victims to go (live nominations)",
             registry=r)

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpupool_common.handshake import Assignment, HandshakeError, parse_ack, parse_assignment
 from gpupool_sched.kube.podinfo import PodInfo
-from gpupool_sched.kube.podspec import PodPlan
+from gpupool_sched.kube.podspec import PodPlan, controller_of
 from gpupool_sched.model.cluster import NodeSpec
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 CHECKPOINT_GRACE = "gpupool.io/checkpoint-grace-seconds"
+MOVABLE = "gpupool.io/movable"  # "true": may be moved to defragment; "false": never (docs/defragmentation.md)
 TERMINATING = "(terminating)"  # PodEntry.evicting_for of a pod deleted by someone else
 Shape = tuple[str, int]
 
@@ -36,6 +37,7 @@ class Phase(StrEnum):
     BOUND = "bound"
     CONFIRMED = "confirmed"
     NOMINATED = "nominated"
+    RESERVED = "reserved"  # a migration's destination, held for the mover's replacement
 
 
 @dataclass(slots=True)
@@ -63,6 +65,8 @@ class PodEntry:
     deletion_grace_s: int | None = None  # metadata.deletionGracePeriodSeconds: the grace it is terminating with
     evicting_for: str | None = None  # UID of the preemptor this pod is being evicted for
     uncertain: bool = False  # its Binding's outcome is unknown (answer lost, or never seen bound): being read
+    owner: str = ""  # its controller, "Kind/namespace/name" (kube/podspec.controller_of; "" for a bare pod)
+    movable: bool | None = None  # gpupool.io/movable: True / False when the pod says so, else None
 
 
 @dataclass(slots=True)
@@ -115,6 +119,9 @@ def describe(entry: PodEntry, obj: Mapping[str, Any]) -> None:
     entry.grace_s = checkpoint_grace(meta.get("annotations"))
     entry.pod_grace_s = seconds((obj.get("spec") or {}).get("terminationGracePeriodSeconds"))
     entry.deletion_grace_s = seconds(meta.get("deletionGracePeriodSeconds"))
+    entry.owner = controller_of(meta)
+    said = (meta.get("annotations") or {}).get(MOVABLE) if isinstance(meta.get("annotations"), Mapping) else None
+    entry.movable = True if said == "true" else False if said == "false" else None
     if meta.get("deletionTimestamp") and entry.evicting_for is None:
         entry.evicting_for = TERMINATING  # on its way out already (e.g. evicted before a restart): no victim
 

@@ -8,7 +8,7 @@ import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpupool_sched.cache.entries import Nomination, Phase, PodEntry, Shape, Tombstone, fits_layout, without_gpus
 from gpupool_sched.kube.nodes import NodeView
@@ -16,6 +16,9 @@ from gpupool_sched.kube.podinfo import PodInfo
 from gpupool_sched.kube.podspec import ClusterFacts, PodPlan
 from gpupool_sched.model.cluster import ClusterSnapshot, NodeSpec
 from gpupool_sched.model.decision import Placement
+
+if TYPE_CHECKING:
+    from gpupool_sched.cache.reservations import Reservation
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +50,14 @@ class Ledger:
         self.classes_generation = 0  # bumped on every PriorityClass change (plans made before are stale)
         self._facts: ClusterFacts | None = None
         self.on_gate_release: Callable[[str], None] = lambda node: None
+        self.on_claimed: Callable[[Reservation], None] = lambda reservation: None  # a replacement placed
         self._applied_priorities: Counter[int] = Counter()  # priority -> accounted entries
         self._gate_load: dict[Shape, dict[str, int]] = defaultdict(dict)  # shape -> node -> pods in its gate
         self.gate_timeouts = 0
         self.unknown_devices = 0  # bound pods whose GPUs could not be told (accounted by a guess)
         self.nominations: dict[str, Nomination] = {}  # preemptor UID -> its nomination
+        self.reservations: dict[str, Reservation] = {}  # RESERVED entry UID -> a migration's destination
+        self.replaced: dict[str, str] = {}  # replacement UID -> UID of the first pod it replaces (cooldown)
         self.non_preempting_classes: set[str] = set()  # PriorityClasses with preemptionPolicy: Never
         self.preemptions: dict[str, int] = {}  # pending pod UID -> preemptions it started (a storm bound)
         self._nominated_on: dict[str, str] = {}  # preemptor UID -> node of its latest nomination, ours or adopted

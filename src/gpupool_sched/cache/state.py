@@ -7,6 +7,7 @@ on a node has one ledger entry keyed by its UID:
     BOUND      the API server accepted the Binding; the watch has not shown it yet
     CONFIRMED  seen bound on the watch (our pods and everybody else's)
     NOMINATED  a hold: what an evicted victim held, kept for its preemptor (docs/preemption.md)
+    RESERVED   a migration's destination, held for a mover's replacement (docs/defragmentation.md)
 
 An entry is *forgotten* (its resources released) only on a definite answer: its Binding was refused
 (a 4xx other than 409, or never sent), the pod was read unbound, or it was deleted or ended. A Binding
@@ -19,8 +20,9 @@ writes. Nodes are added, replaced and removed in place (`ClusterSnapshot.upsert_
 replacing a node re-applies only that node's entries. Everything runs on one thread (the scheduler's
 event loop), so every cycle decides on a consistent view.
 
-The ledger (`ledger.py`), the assignment handshake's gates (`gates.py`) and preemption's victims,
-nominations and holds (`nominator.py`) are layers of this one object; this module adds what the watch
+The ledger (`ledger.py`), the assignment handshake's gates (`gates.py`), preemption's victims,
+nominations and holds (`nominator.py`) and migration's reservations (`reservations.py`) are layers of
+this one object; this module adds what the watch
 brings in (nodes, pods, PriorityClasses) and the cycle's assume / forget.
 """
 
@@ -45,7 +47,7 @@ from gpupool_sched.cache.entries import (
     resource_version,
     without_gpus,
 )
-from gpupool_sched.cache.nominator import Nominator
+from gpupool_sched.cache.reservations import Reservations
 from gpupool_sched.framework.queue import ClusterEvent
 from gpupool_sched.kube.assignment import placement_from_annotations
 from gpupool_sched.kube.nodes import NodeView, node_view
@@ -57,7 +59,7 @@ from gpupool_sched.model.request import PodRequest
 log = logging.getLogger(__name__)
 
 
-class ClusterState(Nominator):
+class ClusterState(Reservations):
     # ---- nodes -----------------------------------------------------------------------------------
     def apply_priority_class(self, kind: str | None, obj: Mapping[str, Any]) -> None:
         """A PriorityClass was listed, added, changed or deleted: its value and preemption policy."""
@@ -148,6 +150,8 @@ class ClusterState(Nominator):
             self._tombstones[uid] = Tombstone(rv, self.clock())
             self._pod_rv.pop(uid, None)
             ended = self.end_nomination(uid)  # a preemptor gone: its holds go too
+            ended |= self.abandon_migration(uid)  # and the destinations held for its movers
+            self.replaced.pop(uid, None)
             self.preemptions.pop(uid, None)
             self._nominated_on.pop(uid, None)
             entry = self.pods.get(uid)
@@ -288,7 +292,8 @@ class ClusterState(Nominator):
             raise ValueError(f"pod {plan.key} ({plan.uid}) is gone")
         self.end_nomination(plan.uid)  # its holds were released for this decision (`release_holds`)
         self.preemptions.pop(plan.uid, None)
-        entry = PodEntry(plan.uid, plan.key, placement.node, plan.request, placement, Phase.ASSUMED, True, self.clock())
+        entry = PodEntry(plan.uid, plan.key, placement.node, plan.request, placement, Phase.ASSUMED, True, self.clock(),
+                         owner=plan.owner)
         self.pods[plan.uid] = entry
         self._tell(entry)
         self.by_node[placement.node].add(plan.uid)

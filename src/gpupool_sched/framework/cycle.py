@@ -1,7 +1,7 @@
 """One scheduling cycle: a job (a pod, or a gang's members) in, a committed statement out.
 
 The cycle opens a session for the job (`framework.session`) and runs the actions in their declared
-order (`framework.actions`: allocate, preempt, reclaim), each asking the pure placement core and
+order (`framework.actions`: allocate, consolidate, preempt, reclaim), each asking the pure placement core and
 recording what it decides as a statement (`framework.statement`): placements assumed, or victims marked
 and members nominated. `schedule` / `schedule_gang` decide inline (the simulator's and the tests' way);
 the service drives the same steps with eviction planning on a worker thread (`drive_offloaded`).
@@ -17,11 +17,12 @@ import numpy as np
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.actions import ACTIONS
 from gpupool_sched.framework.plugins.victims import DEFAULT_MAX_CHECKPOINT_GRACE_S, nomination_timeout_s
-from gpupool_sched.framework.session import Candidates, Outcome, Session, Steps, drive
+from gpupool_sched.framework.session import Candidates, Movers, Outcome, Session, Steps, drive
 from gpupool_sched.framework.statement import Statement
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Unschedulable
 from gpupool_sched.placement.candidates import CandidateBudget
+from gpupool_sched.placement.consolidation import DEFAULT_MAX_MOVERS, Consolidation
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
@@ -40,6 +41,7 @@ class CycleResult:
     # the best plan needs victims a PodDisruptionBudget protects: not carried out, the pod waits
     blocked_by_budget: Preemption | None = None
     stale: bool = False  # an off-loop plan no longer held when it came back: nothing done, try again
+    migration: Consolidation | None = None  # the statement's evictions move pods for it (consolidate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +71,10 @@ class Cycle:
         max_preemptions: int = 3,
         max_checkpoint_grace_s: int = DEFAULT_MAX_CHECKPOINT_GRACE_S,
         candidates: CandidateBudget | None = None,
+        max_movers: int = DEFAULT_MAX_MOVERS,
     ) -> None:
         self.state = state
+        self.max_movers = max_movers  # movers a consolidation may plan for one pod
         # how many viable nodes end a preemption search (kube-scheduler's minCandidateNodes*; None: 10 %, 100)
         self.candidates = candidates
         # a pod preempts at most this often (an eviction refused, room lost to another scheduler, holds
@@ -88,9 +92,10 @@ class Cycle:
         return nomination_timeout_s(self.state, victims, self.nomination_slack_s, self.max_checkpoint_grace_s)
 
     def session(self, plans: list[PodPlan], need: int, *, gang: bool, running: Candidates | None = None,
-                reclaim: Candidates | None = None, offload: bool = False) -> Session:
+                reclaim: Candidates | None = None, offload: bool = False, movable: Movers | None = None) -> Session:
         return Session(self.state, plans, need, gang, self.policy(), self.rng, self.sampler, running, reclaim,
-                       self.hold_s, self.max_preemptions, offload, self.candidates)
+                       self.hold_s, self.max_preemptions, offload, self.candidates, movable, self.max_movers,
+                       self.state.migrating_nodes)
 
     @staticmethod
     def run(session: Session) -> Steps[Outcome]:
@@ -103,21 +108,26 @@ class Cycle:
         return Outcome()
 
     def decide(self, plans: list[PodPlan], need: int, *, gang: bool, running: Candidates | None = None,
-               reclaim: Candidates | None = None, offload: bool = False) -> Steps[CycleResult | GangResult]:
+               reclaim: Candidates | None = None, offload: bool = False,
+               movable: Movers | None = None, max_movers: int | None = None) -> Steps[CycleResult | GangResult]:
         """The steps of one decision, for a driver: `schedule` / `schedule_gang` run them inline, the
-        service with eviction planning on a worker thread (`offload`)."""
-        session = self.session(plans, need, gang=gang, running=running, reclaim=reclaim, offload=offload)
+        service with eviction planning on a worker thread (`offload`). `movable`: the pods a lone pod may
+        move out of its way (consolidate; at most `max_movers`, default the cycle's); None: none."""
+        session = self.session(plans, need, gang=gang, running=running, reclaim=reclaim, offload=offload,
+                               movable=movable)
+        if max_movers is not None:
+            session.max_movers = max_movers
         outcome = yield from self.run(session)
         return gang_result(session, outcome) if gang else pod_result(session, outcome)
 
     def schedule(self, plan: PodPlan, running: Candidates | None = None,
-                 reclaim: Candidates | None = None) -> CycleResult:
+                 reclaim: Candidates | None = None, movable: Movers | None = None) -> CycleResult:
         """Decide for `plan`. With `running` (the pod may preempt: its policy is not Never) a pod that
         fits nowhere may preempt pods of lower priority among `running()`, unless its earlier victims
         are still terminating (kube-scheduler's PodEligibleToPreemptOthers). With `reclaim` (its team
         takes back guaranteed quota that others borrow), it may also evict those pods whatever their
         priority (Kueue's reclaimWithinCohort: Any), when preemption by priority finds no plan."""
-        session = self.session([plan], 1, gang=False, running=running, reclaim=reclaim)
+        session = self.session([plan], 1, gang=False, running=running, reclaim=reclaim, movable=movable)
         return pod_result(session, drive(self.run(session)))
 
     def schedule_gang(self, plans: list[PodPlan], need: int, running: Candidates | None = None,
@@ -139,7 +149,7 @@ def pod_result(session: Session, outcome: Outcome) -> CycleResult:
     preemption, blocked = outcome.preemption, outcome.blocked_by_budget
     assert not isinstance(preemption, GangPreemption) and not isinstance(blocked, GangPreemption)
     return CycleResult(plan, outcome.statement, unschedulable, session.seconds, preemption,
-                       outcome.reclaim and preemption is not None, blocked, outcome.stale)
+                       outcome.reclaim and preemption is not None, blocked, outcome.stale, outcome.migration)
 
 
 def gang_result(session: Session, outcome: Outcome) -> GangResult:

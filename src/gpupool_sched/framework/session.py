@@ -21,6 +21,7 @@ from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Unschedulable
 from gpupool_sched.placement.candidates import CandidateBudget
+from gpupool_sched.placement.consolidation import Consolidation, Movable
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 Candidates = Callable[[], list[RunningPod]]
+Movers = Callable[[], list[Movable]]
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Outcome:
     blocked_by_budget: Preemption | GangPreemption | None = None  # the plan needs PDB-protected victims: waits
     reclaim: bool = False  # the evictions take back borrowed quota (victims of any priority)
     stale: bool = False  # an off-loop plan no longer held when it came back: nothing done, try again
+    migration: Consolidation | None = None  # the statement's evictions move these pods (consolidate)
 
 
 @dataclass
@@ -92,6 +95,9 @@ class Session:
     max_preemptions: int
     offload: bool = False  # plannings run on another thread: they get their own snapshot copy
     candidates: CandidateBudget | None = None  # how many viable nodes end a preemption search (None: default)
+    movable: Movers | None = None  # pods the job may move (consolidate); None: it may not (yet)
+    max_movers: int = 16
+    busy: Callable[[], set[str]] | None = None  # nodes a migration is under way on
     seconds: float = 0.0  # time in the placement core
     unschedulable: Unschedulable | GangUnschedulable | None = None  # why allocate found no room
 

@@ -1,13 +1,15 @@
 """Every tentative change of one decision, committed or discarded whole (Volcano's Statement).
 
-A decision may release holds (what a preemptor's gone victims freed, kept for it), assume placements and
-mark evictions with a nomination. Each is applied to the cluster state at once, so that later steps of
+A decision may release holds (what a preemptor's gone victims freed, kept for it), claim a reservation (a
+migration's destination, kept for a mover's replacement), assume placements, mark evictions with a
+nomination and reserve destinations for movers. Each is applied to the cluster state at once, so that later steps of
 the same decision see it, and recorded here:
   * `commit` settles what was released: a preemptor's own holds went with its placement (`assume` ends
     its nomination) or are accounted again; holds of less important preemptors are dropped on the nodes
     this decision took and accounted again elsewhere.
-  * `discard` undoes everything: placements forgotten, victims spared, nominations ended, every released
-    hold accounted again.
+    A claimed reservation is dropped when its claimant was placed, else accounted again.
+  * `discard` undoes everything: placements forgotten, victims spared, nominations ended, reservations
+    made dropped, every released hold and claimed reservation accounted again.
 Used as a context manager, a statement not committed when the block ends (an exception included) is
 discarded. Nothing but a statement releases, drops or restores holds.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from types import TracebackType
 
+from gpupool_sched.cache.entries import PodEntry
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Placement
@@ -32,6 +35,8 @@ class Statement:
         self._closed = False
         self._own_released: list[str] = []  # nominations whose holds were released for their own pod
         self._lower_released: list[str] = []  # nominations of lower priority, released for this decision
+        self._claimed: list[tuple[str, str]] = []  # (reservation, claimant UID) released for this decision
+        self.reserved: list[str] = []  # reservations made (a migration's destinations)
 
     def __enter__(self) -> Statement:
         return self
@@ -55,6 +60,17 @@ class Statement:
                 self._own_released.append(plan.uid)
         own = {p.uid for p in plans}
         self._lower_released += self.state.release_lower_holds(min(p.priority for p in plans), own)
+
+    def claim(self, plan: PodPlan, reservation: str) -> None:
+        """Un-account, for `plan`'s decision, the reservation it is the replacement for."""
+        self._check_open()
+        if self.state.release_reservation(reservation):
+            self._claimed.append((reservation, plan.uid))
+
+    def reserve(self, blocked: PodPlan, mover: PodEntry, destination: Placement, timeout_s: float) -> None:
+        """Hold `destination` for `mover`'s replacement, for `timeout_s` (a migration for `blocked`)."""
+        self._check_open()
+        self.reserved.append(self.state.reserve(blocked.uid, mover, destination, timeout_s).uid)
 
     def assume(self, plan: PodPlan, placement: Placement) -> None:
         """`plan` placed: accounted at once (its nomination, holds included, ends)."""
@@ -83,6 +99,11 @@ class Statement:
                 self.state.drop_holds(uid)  # that room went to the more important pod
             else:
                 self.state.restore_holds(uid)
+        for reservation, claimant in self._claimed:
+            if claimant in placed:
+                self.state.claimed(reservation, claimant)
+            else:
+                self.state.restore_reservation(reservation)
         self.committed = self._closed = True
 
     def discard(self) -> None:
@@ -97,3 +118,8 @@ class Statement:
         self.evictions.clear()
         for uid in (*self._own_released, *self._lower_released):
             self.state.restore_holds(uid)
+        for uid in reversed(self.reserved):
+            self.state.end_reservation(uid)
+        self.reserved.clear()
+        for reservation, _ in self._claimed:
+            self.state.restore_reservation(reservation)

@@ -87,6 +87,7 @@ class PodPlan:
     request: PodRequest
     containers: tuple[ContainerDemand, ...]  # kubelet order: init containers, then app containers
     memory_unit_mib: int
+    owner: str = ""  # the controller that recreates it, "Kind/namespace/name" ("" for a bare pod)
 
     @property
     def key(self) -> str:
@@ -174,7 +175,22 @@ def plan_pod(
         request=request,
         containers=demands,
         memory_unit_mib=facts.memory_unit_mib,
+        owner=controller_of(meta),
     )
+
+
+def controller_of(meta: Mapping[str, Any]) -> str:
+    """``Kind/namespace/name`` of the ownerReference marked ``controller: true`` ("" when none or malformed):
+    what recreates the pod when it is evicted (a ReplicaSet, a StatefulSet, a Job)."""
+    refs = meta.get("ownerReferences")
+    if not isinstance(refs, list):
+        return ""
+    for ref in refs:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            kind, name = ref.get("kind"), ref.get("name")
+            if isinstance(kind, str) and isinstance(name, str) and kind and name:
+                return f"{kind}/{meta.get('namespace') or 'default'}/{name}"
+    return ""
 
 
 def _shapes(whole: int, share_mib: int, mig: Mapping[str, int]) -> list[GpuShape]:

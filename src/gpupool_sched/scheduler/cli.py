@@ -86,11 +86,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preemption-search-budget-ms", type=cli_args.positive(float), default=None, metavar="MS",
                    help="a preemption search also stops after this long once it has found one candidate "
                         "(default: no time limit)")
+    p.add_argument("--defrag", choices=("on", "off"), default="on",
+                   help="move running pods (Deployment/StatefulSet-owned or gpupool.io/movable) so that a pod that "
+                        "fits nowhere fits, before preempting anything (docs/defragmentation.md)")
+    p.add_argument("--defrag-after", type=cli_args.non_negative(float), default=60.0, metavar="SECONDS",
+                   help="a pod waits this long before pods move for it")
+    p.add_argument("--defrag-min-runtime", type=cli_args.non_negative(float), default=600.0, metavar="SECONDS",
+                   help="pods running for less than this never move")
+    p.add_argument("--defrag-max-movers", type=cli_args.positive(int), default=16, metavar="PODS",
+                   help="at most this many pods move for one pod")
+    p.add_argument("--defrag-budget", type=cli_args.non_negative(int), default=None, metavar="MOVES",
+                   help="moves per hour, cluster-wide (default: 1%% of the running GPU pods, at least 1)")
+    p.add_argument("--defrag-cooldown", type=cli_args.non_negative(float), default=3600.0, metavar="SECONDS",
+                   help="a pod (or its replacement) never moves twice within this")
     cli_args.add_consistency_check(p, see="; docs/scheduler.md#guarantees-under-faults")
     cli_args.add_log_level(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpupool_sched.framework.plugins.movers import DefragConfig
     from gpupool_sched.kube.connection import connect
     from gpupool_sched.scheduler.service import SchedulerConfig
 
@@ -123,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
         preemption_search_budget_s=(None if args.preemption_search_budget_ms is None
                                     else args.preemption_search_budget_ms / 1000),
         consistency_check_s=args.consistency_check_interval,
+        defrag=DefragConfig(enabled=args.defrag == "on", after_s=args.defrag_after,
+                            min_runtime_s=args.defrag_min_runtime, max_movers=args.defrag_max_movers,
+                            per_hour=args.defrag_budget, cooldown_s=args.defrag_cooldown),
         freeze_gc=True,
     )
     logging.getLogger(__name__).info("API server %s (%s); scheduler %s, identity %s",

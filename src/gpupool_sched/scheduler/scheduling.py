@@ -26,9 +26,11 @@ from gpupool_sched.kube.podinfo import PodInfo
 from gpupool_sched.kube.podspec import InvalidPod, PodPlan
 from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.model.request import PodRequest
+from gpupool_sched.placement.consolidation import Movable
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
 from gpupool_sched.placement.preemption import Preemption
+from gpupool_sched.scheduler.defrag import Defrag
 from gpupool_sched.writer.binder import Binder
 from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder, says_unschedulable
@@ -55,6 +57,7 @@ class Scheduling:
     metrics: SchedulerMetrics
     pending: dict[str, PodInfo]  # uid -> latest event of our pending pods, read once
     observe: Callable[[str, PodRequest], None]  # a request into the workload profile
+    defrag: Defrag | None = None  # the consolidate action's movers, budgets and migrator (None: off)
 
     def schedule_one(self, item: QueuedPod) -> None:
         """Decide for the popped pod's job, eviction planning inline."""
@@ -152,13 +155,20 @@ class Scheduling:
         floor = job.priority
         victims = (lambda: running_pods(self.state, self.budgets, floor)) if preempts else None
         reclaim = ((lambda: self.quotas.reclaim_gang(job.plans, running_pods(self.state, self.budgets)))
-                   if preempts else None)
+                   if preempts and self.quotas.may_reclaim(job.plans[0].namespace) else None)
+        movable, most, not_moved = self._movers(job, preempts)
         result = yield from self.cycle.decide(job.plans, job.need, gang=job.gang, running=victims, reclaim=reclaim,
-                                              offload=offload)
+                                              offload=offload, movable=movable, max_movers=most)
         self.metrics.algorithm_latency.observe(result.seconds)
         if result.stale:  # the cluster moved while the plan was computed off the loop: try again soon
             for item in job.items:
                 self.queue.backoff(item)
+            return
+        migration = result.migration if isinstance(result, CycleResult) else None
+        if migration is not None and self.defrag is not None:
+            self.defrag.planned(job.plans[0], migration)
+            self._unschedulable(job, job.says(result.unschedulable.message if result.unschedulable else "") +
+                                f"; moving {len(migration.moves)} pod(s) off {migration.node} to make room")
             return
         if result.statement is None or result.preemption is not None:
             why = eviction_reason(result.reclaim, verdict.quota if verdict is not None else None)
@@ -168,6 +178,10 @@ class Scheduling:
             if (not job.gang and result.preemption is None and result.blocked_by_budget is None and preempts
                     and not self.state.nomination_live(job.plans[0].uid)):
                 self.metrics.preemption_attempts.labels(result="no_plan").inc()
+            if not_moved is not None and result.preemption is None:
+                message += f"; no pod moves for it: {not_moved}"
+            if self.defrag is not None and not job.gang and movable is None and not_moved is None:
+                self.defrag.wait(job.plans[0].uid, job.items[0].first_seen, job.priority)
             self._unschedulable(job, message)
             return
         by_uid = dict(zip((p.uid for p in job.plans), job.items, strict=True))
@@ -187,6 +201,22 @@ class Scheduling:
             self.gangs.scheduled(job.key)
             log.info("PodGroup %s: %d member(s) placed together on %s", job.key, len(bound),
                      ", ".join(sorted({p.node for _, p in placements})))
+
+    def _movers(self, job: Job, preempts: bool) -> tuple[Callable[[], list[Movable]] | None, int | None, str | None]:
+        """What the consolidate action may move for `job`: (candidates, at most how many, why none). None
+        candidates and no reason: not yet (it has not waited long enough) or not at all (a gang, Never)."""
+        if self.defrag is None or job.gang or not preempts:
+            return None, None, None
+        movers = self.defrag.movers
+        item = job.items[0]
+        waited = self.queue.clock() - item.first_seen if item.first_seen is not None else 0.0
+        if waited < movers.config.after_s:
+            return None, None, None
+        why = movers.may_move_for(waited)
+        if why is not None:
+            return None, None, why if movers.config.enabled else None
+        floor = job.priority
+        return (lambda: movers.candidates(floor)), min(movers.config.max_movers, movers.budget_left()), None
 
     def _failure(self, job: Job, result: CycleResult | GangResult, why_evicted: str) -> str:
         """Why the job was not placed (for its members' Events), and the evictions it started, if any."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +32,7 @@ from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.cache.sync import caches_ready, initial_sync, stop_syncing
 from gpupool_sched.framework.cycle import Cycle
 from gpupool_sched.framework.plugins.gangs import PODGROUPS, Gangs
+from gpupool_sched.framework.plugins.movers import DefragConfig
 from gpupool_sched.framework.plugins.quotas import QuotaBook, quota_kinds
 from gpupool_sched.framework.plugins.victims import DEFAULT_MAX_CHECKPOINT_GRACE_S, DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, QuotaFreed, SchedulingQueue
@@ -44,6 +45,7 @@ from gpupool_sched.placement.candidates import (
     MIN_CANDIDATE_NODES_PERCENTAGE,
     CandidateBudget,
 )
+from gpupool_sched.scheduler.defrag import Defrag
 from gpupool_sched.scheduler.gang_upkeep import GangUpkeep
 from gpupool_sched.scheduler.gauges import Gauges
 from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
@@ -86,6 +88,7 @@ class SchedulerConfig:
     preemption_min_candidate_nodes_absolute: int = MIN_CANDIDATE_NODES_ABSOLUTE  # DefaultPreemptionArgs
     preemption_search_budget_s: float | None = None  # a search also ends after this, with a candidate found
     consistency_check_s: float = 300.0  # a re-list of every watched kind that repairs what the watch missed
+    defrag: DefragConfig = field(default_factory=DefragConfig)  # the consolidate action (docs/defragmentation.md)
     freeze_gc: bool = False  # the process's own (CLI): gc.freeze() after the first sync
 
 
@@ -119,7 +122,8 @@ class SchedulerService:
                            max_checkpoint_grace_s=config.max_checkpoint_grace_s,
                            candidates=CandidateBudget(config.preemption_min_candidate_nodes_percentage,
                                                       config.preemption_min_candidate_nodes_absolute,
-                                                      config.preemption_search_budget_s))
+                                                      config.preemption_search_budget_s),
+                           max_movers=config.defrag.max_movers)
         self.leader: LeaderElector | AlwaysLeader = (
             LeaderElector(api, config.lease_namespace, config.lease_name, config.identity,
                           lease_duration_s=config.lease_duration_s, renew_deadline_s=config.renew_deadline_s,
@@ -151,9 +155,11 @@ class SchedulerService:
                                    consistency_check_s=config.consistency_check_s)
         self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
         self.decisions = 0
+        self.defrag = Defrag.build(config.defrag, self.state, self.budgets, self.queue, self.preemptor,
+                                   self.metrics, self.recorder)
         self.scheduling = Scheduling(self.state, self.queue, self.cycle, self.quotas, self.gangs, self.budgets,
                                      self.binder, self.preemptor, self.recorder, self.metrics, self._pending,
-                                     self.policies.observe)
+                                     self.policies.observe, self.defrag)
         self.statuses = StatusWriter(api)  # GpuQuota and PodGroup status
         self.gang_upkeep = GangUpkeep(self.state, self.gangs, self.statuses, self.preemptor, self.recorder,
                                       self.metrics, lambda: self.leader.is_leader, self._spawn, self._wake_gang,
@@ -259,6 +265,7 @@ class SchedulerService:
         if update.gone:
             self._pending.pop(uid, None)
             self.queue.delete(uid)
+            self.defrag.forget(uid)
             entry = self.state.pods.get(uid)
             if entry is not None and not entry.ours:
                 self.policies.observe(uid, entry.request)
@@ -323,6 +330,7 @@ class SchedulerService:
         plan = outcome.plan
         if outcome.ok:
             self.queue.done(item.uid)
+            self.defrag.placed(plan.uid)
             self.recorder.scheduled(plan.namespace, plan.name, plan.uid, outcome.node)
         else:
             self.gang_upkeep.bind_failed(outcome)
@@ -347,6 +355,7 @@ class SchedulerService:
                 self.queue.flush()
                 self._verify_unconfirmed()
                 self._expire_nominations()
+                self.defrag.tick()
                 self.gang_upkeep.write_status()
                 self.gang_upkeep.release_broken()
                 if self.leader.is_leader:

@@ -87,9 +87,10 @@ class Preemptor:
     async def release(self, namespace: str, name: str, uid: str) -> None:
         """Evict a pod outside a preemption, with its own grace period: a member of a broken gang released
         (scheduler/gang_upkeep.py). ApiError when it fails (404 included: the caller decides)."""
-        await self._evict(namespace, name, uid, None)
+        await self.evict_pod(namespace, name, uid, None)
 
-    async def _evict(self, namespace: str, name: str, uid: str, grace_s: int | None) -> None:
+    async def evict_pod(self, namespace: str, name: str, uid: str, grace_s: int | None) -> None:
+        """The scheduler's one call of the Eviction API (preemption, migration, a broken gang's release)."""
         await self.api.evict(namespace, name, uid, grace_s)
 
     async def _clear(self, namespace: str, name: str) -> None:
@@ -116,7 +117,7 @@ class Preemptor:
                 self.state.spare(plan.uid, (t.uid for t in targets[i:]))
                 return
             try:
-                await self._evict(target.namespace, target.name, target.uid, target.grace_s)
+                await self.evict_pod(target.namespace, target.name, target.uid, target.grace_s)
             except ApiError as exc:
                 if exc.status == 404:
                     continue  # already gone: what it held is free (or held, if the watch saw it go)

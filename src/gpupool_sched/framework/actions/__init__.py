@@ -1,9 +1,12 @@
 """The actions a decision runs, in this declared order; the first that changes something ends it.
 
-    allocate  place the job as things are (decide / place_gang), a preemptor's holds its own
-    preempt   evict pods of lower priority than every member (kube-scheduler's DefaultPreemption)
-    reclaim   evict pods other teams borrow beyond their GpuQuota, whatever their priority (Kueue's
-              reclaimWithinCohort: Any), when preemption by priority found no plan
+    allocate     place the job as things are (decide / place_gang), a preemptor's holds its own and a
+                 replacement's reservation its own
+    consolidate  move running pods of no higher priority so that a lone pod fits (every mover with a
+                 destination held before it is evicted): moving is cheaper than killing
+    preempt      evict pods of lower priority than every member (kube-scheduler's DefaultPreemption)
+    reclaim      evict pods other teams borrow beyond their GpuQuota, whatever their priority (Kueue's
+                 reclaimWithinCohort: Any), when preemption by priority found no plan
 
 Preemption by priority comes before reclaim so that a pod of high priority never takes a team's
 borrowed room while lower-priority pods could make way (docs/architecture.md). Adding an action is a
@@ -14,13 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpupool_sched.framework.actions import allocate, preempt, reclaim
+from gpupool_sched.framework.actions import allocate, consolidate, preempt, reclaim
 from gpupool_sched.framework.session import Outcome, Session, Steps
 
 Action = Callable[[Session], Steps[Outcome | None]]
 
 ACTIONS: tuple[tuple[str, Action], ...] = (
     (allocate.NAME, allocate.run),
+    (consolidate.NAME, consolidate.run),
     (preempt.NAME, preempt.run),
     (reclaim.NAME, reclaim.run),
 )

@@ -1,7 +1,8 @@
 """Allocate: place the job as things are. A lone pod gets the placement core's `decide` (nodes whose
 handshake gate is busy for its shapes last); a gang gets `place_gang` (at least `need` members together,
 or none). The members' own holds, and those of less important preemptors, are theirs for the decision
-(released through the statement, which settles or restores them)."""
+(released through the statement, which settles or restores them); so is the destination a migration
+reserved for a replacement pod (`cache/reservations.py`)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ def run(session: Session) -> Steps[Outcome | None]:
             busy = state.gate_busy(plan_shapes(plan))
             if busy:
                 sample = open_gates_first(snapshot, busy, sampler)
+            reservation = state.reservation_for(plan)
+            if reservation is not None:  # a mover's replacement: its destination first
+                statement.claim(plan, reservation.uid)
+                sample = destination_first(snapshot, reservation.destination.node, sample)
             start = time.perf_counter()
             decision = decide(snapshot, plan.request, session.policy, session.rng, sample=sample)
             session.seconds += time.perf_counter() - start
@@ -54,6 +59,19 @@ def run(session: Session) -> Steps[Outcome | None]:
             statement.assume(plan, decision)
         statement.commit()
     return Outcome(statement)
+
+
+def destination_first(snapshot: ClusterSnapshot, node: str, then: NodeSample | None) -> NodeSample:
+    """Only the reserved node when it is feasible (the replacement lands on the room held for it), else
+    the usual sample (the room is gone: it goes where it fits, and the reservation ends)."""
+    row = snapshot.index.get(node)
+
+    def sample(candidates: np.ndarray) -> np.ndarray:
+        if row is not None and (candidates == row).any():
+            return np.array([row], dtype=np.int64)
+        return then(candidates) if then is not None else candidates
+
+    return sample
 
 
 def open_gates_first(snapshot: ClusterSnapshot, busy: set[str], then: NodeSample | None) -> NodeSample:

@@ -229,6 +229,12 @@ class QuotaBook(QuotaLedger):
                 cohort = replace(cohort, used=cohort.used + running)
         return admit(quotas, used, demand, namespace, cohort=cohort)
 
+    def may_reclaim(self, namespace: str) -> bool:
+        """Whether a pod of `namespace` could reclaim at all: a quota governs its namespace. Cheap: asked
+        before the running pods are gathered for `reclaim_gang` (thousands of them for each pod that fits
+        nowhere, in a namespace no quota governs)."""
+        return bool(self.quotas()) and namespace in self._governing
+
     def reclaim(self, plan: PodPlan, running: Iterable[RunningPod]) -> list[RunningPod]:
         """Borrowed pods that may be preempted so that `plan`'s team gets its guaranteed GPUs back, in
         victim order (lowest priority, then newest); empty when its team may not reclaim. `running`:

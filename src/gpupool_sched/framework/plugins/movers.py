@@ -1,0 +1,148 @@
+"""Who may be moved to defragment, and when (the consolidate action's plugin; docs/defragmentation.md).
+
+A pod is movable when something recreates it or it says it may go: owned by a ReplicaSet (a Deployment's)
+or a StatefulSet, or annotated `gpupool.io/movable: "true"`. Never: `gpupool.io/movable: "false"`, a bare
+pod without the annotation, a Job's pod without it (whether its Job tolerates a disruption is the Job's
+podFailurePolicy, which the scheduler does not read), a pod younger than `min_runtime_s`, a gang member
+(a gang moves whole or not at all; not planned yet), a pod a PodDisruptionBudget protects now, a pod
+being evicted, and a pod (or a replacement of it) moved within `cooldown_s`. Only pods that hold GPUs
+are candidates: moving a CPU-only pod frees no GPU.
+
+Budgets that stop storms: a pod waits `after_s` before anything moves for it; at most `per_hour` moves
+in the last hour cluster-wide (default 1 % of the running GPU pods, at least 1); at most one migration
+at a time per node (`ClusterState.migrating_nodes`, asked by the action)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from gpupool_sched.cache.entries import Phase, PodEntry
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.plugins.gangs import POD_GROUP_LABEL
+from gpupool_sched.framework.plugins.victims import DisruptionBudgets
+from gpupool_sched.placement.consolidation import DEFAULT_MAX_MOVERS, Movable
+from gpupool_sched.placement.preemption import RunningPod
+
+RECREATING_KINDS = ("ReplicaSet", "StatefulSet")
+
+
+@dataclass(frozen=True, slots=True)
+class DefragConfig:
+    enabled: bool = True
+    after_s: float = 60.0  # a pod waits this long before pods move for it
+    min_runtime_s: float = 600.0  # pods younger than this never move
+    max_movers: int = DEFAULT_MAX_MOVERS
+    per_hour: int | None = None  # moves per hour cluster-wide; None: 1 % of the running GPU pods, at least 1
+    cooldown_s: float = 3600.0  # the same pod (or its replacement) never moves twice within this
+
+    def __post_init__(self) -> None:
+        if self.after_s < 0 or self.min_runtime_s < 0 or self.cooldown_s < 0:
+            raise ValueError("defragmentation times must not be negative")
+        if self.max_movers < 1:
+            raise ValueError(f"--defrag-max-movers must be at least 1, got {self.max_movers}")
+        if self.per_hour is not None and self.per_hour < 0:
+            raise ValueError(f"--defrag-budget must not be negative, got {self.per_hour}")
+
+
+def movable_kind(entry: PodEntry) -> bool:
+    """The pod says it may move, or its controller recreates it (and it does not say no)."""
+    if entry.movable is not None:
+        return entry.movable
+    return entry.owner.partition("/")[0] in RECREATING_KINDS
+
+
+@dataclass
+class Movers:
+    state: ClusterState
+    budgets: DisruptionBudgets
+    config: DefragConfig = field(default_factory=DefragConfig)
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time  # pods' start times are wall-clock seconds
+    moves: deque[float] = field(default_factory=deque)  # clock of every move in the last hour
+    moved: dict[str, float] = field(default_factory=dict)  # lineage (first UID) -> clock of its last move
+    movable: set[str] = field(default_factory=set)  # ledger entries of a movable kind (kept by a watcher)
+
+    def __post_init__(self) -> None:
+        self.movable.update(uid for uid, e in self.state.pods.items() if movable_kind(e))
+        self.state.watchers.append(self._track)
+
+    def _track(self, entry: PodEntry) -> None:
+        """A ledger entry joined, left or changed: candidates are looked for among the movable ones only
+        (a cluster of bare pods costs nothing however many pods wait)."""
+        if entry.uid in self.state.pods and movable_kind(entry):
+            self.movable.add(entry.uid)
+        else:
+            self.movable.discard(entry.uid)
+
+    def any_movable(self, priority: int) -> bool:
+        """Cheap: some pod of a movable kind and no higher priority than `priority` holds a GPU now."""
+        pods = self.state.pods
+        return any((e := pods.get(uid)) is not None and e.phase in (Phase.BOUND, Phase.CONFIRMED)
+                   and e.request.priority <= priority and _holds_gpus(e) for uid in self.movable)
+
+    def budget(self) -> int:
+        """Moves allowed per hour now."""
+        if self.config.per_hour is not None:
+            return self.config.per_hour
+        gpu_pods = sum(1 for e in self.state.running() if _holds_gpus(e))
+        return max(1, math.floor(gpu_pods / 100))
+
+    def budget_left(self) -> int:
+        now = self.clock()
+        while self.moves and self.moves[0] <= now - 3600.0:
+            self.moves.popleft()
+        return max(0, self.budget() - len(self.moves))
+
+    def may_move_for(self, waited_s: float) -> str | None:
+        """None when moving pods for a pod that waited `waited_s` is allowed now, else why not (for the
+        pod's Event when nothing else helps either)."""
+        if not self.config.enabled:
+            return "defragmentation is off"
+        if waited_s < self.config.after_s:
+            return f"pods move for a pod only after it waited {self.config.after_s:.0f}s"
+        if self.budget_left() <= 0:
+            return f"the defragmentation budget ({self.budget()} moves per hour) is spent"
+        return None
+
+    def candidates(self, priority: int) -> list[Movable]:
+        """Running pods that may move for a pod of `priority` (none of higher priority), at most as many
+        as the budget has left."""
+        now_wall, now = self.wall(), self.clock()
+        out: list[Movable] = []
+        for uid in sorted(self.movable):
+            entry = self.state.pods.get(uid)
+            if (entry is None or entry.phase not in (Phase.BOUND, Phase.CONFIRMED) or entry.evicting_for is not None
+                    or not entry.applied or entry.request.priority > priority or not _holds_gpus(entry)
+                    or not movable_kind(entry)
+                    or POD_GROUP_LABEL in entry.labels or entry.started <= 0
+                    or now_wall - entry.started < self.config.min_runtime_s):
+                continue
+            lineage = self.state.replaced.get(entry.uid, entry.uid)
+            last = self.moved.get(lineage)
+            if last is not None and now - last < self.config.cooldown_s:
+                continue
+            namespace = entry.key.partition("/")[0]
+            covering = self.budgets.covering(namespace, entry.labels) if self.budgets.budgets else ()
+            if any(allowed <= 0 for _, allowed in covering):
+                continue
+            out.append(Movable(RunningPod(entry.uid, entry.node, entry.request.priority, entry.request,
+                                          entry.placement, entry.started, False, covering), entry.owner))
+        return out
+
+    def carried_out(self, movers: Iterable[str]) -> None:
+        """These pods are being moved: they count on the budget and start their cooldown."""
+        now = self.clock()
+        for uid in movers:
+            self.moves.append(now)
+            self.moved[self.state.replaced.get(uid, uid)] = now
+        cutoff = now - max(self.config.cooldown_s, 3600.0)
+        for lineage in [k for k, at in self.moved.items() if at < cutoff]:
+            del self.moved[lineage]
+
+
+def _holds_gpus(entry: PodEntry) -> bool:
+    return any(part.gpu_indices or part.mig_devices for part in entry.placement.parts())

@@ -1,0 +1,244 @@
+"""Consolidation, the decision: which running pods to move, and where, so that a pod that fits nowhere
+fits. Pure, like ``plan_preemption``: the scheduler's consolidate action and the simulator call the same
+function and carry out its answer themselves (reservations, then the Eviction API).
+
+Moving is cheaper than killing, so it is tried before preemption, and it never moves a pod of higher
+priority than the blocked one. Only the ``movable`` pods the caller passes are candidates (owned by a
+controller that recreates them, or opted in; old enough; not in a gang; see docs/defragmentation.md).
+
+* Per node, every movable pod is taken out; if the blocked pod then fits there (the policy's own filter
+  chain, as ``decide()`` asks), they are put back one at a time, the most costly to move first (most
+  GPU memory held, then the longest running), each kept if the pod still fits. What cannot be kept
+  are the node's movers. Nodes with more than ``max_movers`` movers are dropped.
+* Every mover must have a destination in the same plan (KAI's rule): on a copy where the movers are
+  gone and the blocked pod is placed, each mover, largest first, is placed by ``decide()`` on another
+  node, else on another GPU of the same node (shares gathered to free a whole GPU), never on a ``busy``
+  node (a migration already under way there) nor back on its own devices; a node whose movers cannot
+  all be re-placed is no plan.
+* Among the nodes with a complete plan: fewest movers, then least GPU memory moved, then fewest distinct
+  owners, then the snapshot's tie order. Nodes are tried in that order and the first complete plan wins,
+  so the cost is one re-placement per node tried, not per node of the cluster.
+
+Work is batched as in ``plan_preemption``: one working copy, every candidate node's movable pods taken
+out at once, one vectorised filter pass per put-back step over all nodes. Candidates are sampled as
+there (``CandidateBudget``: 10 % of the nodes past the cheap bound, at least 100).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from gpupool_sched.model.cluster import ClusterSnapshot, NodeSpec
+from gpupool_sched.model.constraints import NODE_NAME_FIELD, Requirement
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.model.request import MILLI, PodRequest
+from gpupool_sched.placement.candidates import CandidateBudget, start_offset
+from gpupool_sched.placement.decide import decide
+from gpupool_sched.placement.framework import Policy
+from gpupool_sched.placement.nodeaffinity import constraints_of
+from gpupool_sched.placement.preemption import RunningPod, _bound, fit_mask, mig_slice_milli, pinned
+
+DEFAULT_MAX_MOVERS = 16
+_PLANS_TRIED = 8  # nodes whose movers are re-placed before giving up (each costs one decide() per mover)
+
+
+@dataclass(frozen=True, slots=True)
+class Movable:
+    """A running pod the caller allows to move: ``owner`` is what recreates it (e.g. ``ReplicaSet/ns/name``;
+    the replacement is recognised by it and the shape) and counts distinct owners in a plan."""
+
+    pod: RunningPod
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Evict ``pod``; its replacement goes to ``destination`` (held for it before the eviction)."""
+
+    pod: RunningPod
+    owner: str
+    destination: Placement
+    memory_mib: int  # GPU memory the pod holds on its node now
+
+
+@dataclass(frozen=True, slots=True)
+class Consolidation:
+    """Move ``moves`` away from ``node``; the blocked pod then goes to ``placement`` there."""
+
+    node: str
+    placement: Placement
+    moves: tuple[Move, ...]
+    considered: int = field(default=0, compare=False)  # nodes whose movable pods were taken out
+
+    @property
+    def memory_moved_mib(self) -> int:
+        return sum(m.memory_mib for m in self.moves)
+
+    @property
+    def owners(self) -> int:
+        return len({m.owner for m in self.moves})
+
+
+def memory_held_mib(placement: Placement, spec: NodeSpec) -> int:
+    """GPU memory a pod placed at ``placement`` holds: whole GPUs all of theirs, shares their share, MIG
+    devices their part of their GPU."""
+    total = 0
+    for part in placement.parts():
+        for j in part.gpu_indices:
+            memory = spec.gpus[j].memory_mib if j < len(spec.gpus) else 0
+            total += memory if part.gpu_milli == MILLI else part.gpu_memory_mib
+        if part.mig_devices:
+            slices = {s.uuid: (s.profile, g) for g in spec.gpus for s in g.mig_slices}
+            for uuid in part.mig_devices:
+                if uuid in slices:
+                    profile, gpu = slices[uuid]
+                    total += mig_slice_milli(profile, gpu) * gpu.memory_mib // MILLI
+    return total
+
+
+def away_from(request: PodRequest, nodes: Sequence[str]) -> PodRequest:
+    """``request`` kept off ``nodes`` (its own selector, affinity and tolerations still apply): a node-name
+    NotIn requirement ANDed into every affinity term; empty terms stay empty (they match nothing)."""
+    if not nodes:
+        return request
+    keep_off = Requirement(NODE_NAME_FIELD, "NotIn", tuple(sorted(set(nodes))))
+    c = constraints_of(request)
+    terms = (tuple((*term, keep_off) if term else term for term in c.affinity_terms) if c.affinity_terms
+             else ((keep_off,),))
+    return replace(request, constraints=replace(c, affinity_terms=terms))
+
+
+@dataclass(slots=True)
+class _NodePlan:
+    row: int
+    order: list[Movable]  # put-back order, most costly to move first
+    memory: dict[str, int]
+    movers: list[Movable] = field(default_factory=list)
+
+    def key(self, tie_rank: int) -> tuple[int, int, int, int]:
+        return (len(self.movers), sum(self.memory[m.pod.uid] for m in self.movers),
+                len({m.owner for m in self.movers}), tie_rank)
+
+
+def plan_consolidation(
+    snapshot: ClusterSnapshot,
+    request: PodRequest,
+    priority: int,
+    movable: Sequence[Movable],
+    policy: Policy,
+    rng: np.random.Generator | None = None,
+    *,
+    max_movers: int = DEFAULT_MAX_MOVERS,
+    busy: frozenset[str] = frozenset(),
+    budget: CandidateBudget | None = None,
+) -> Consolidation | None:
+    """Where ``request`` (of ``priority``) can run once some of ``movable`` (pods accounted on
+    ``snapshot``) move elsewhere, and where each goes; None when no plan of at most ``max_movers`` moves
+    exists. Pods of higher priority than ``priority``, pods on ``busy`` nodes and pods on nodes the
+    snapshot lacks are not moved; ``busy`` nodes take no replacement either. ``snapshot`` is not
+    modified. Call it for a pod that fits nowhere; a UID given twice is a ValueError."""
+    if max_movers < 1:
+        raise ValueError(f"max_movers must be at least 1, got {max_movers}")
+    seen: set[str] = set()
+    by_row: dict[int, list[Movable]] = defaultdict(list)
+    for m in movable:
+        if m.pod.uid in seen:
+            raise ValueError(f"movable pod {m.pod.uid} is given twice")
+        seen.add(m.pod.uid)
+        row = snapshot.index.get(m.pod.node)
+        if row is not None and m.pod.priority <= priority and m.pod.node not in busy:
+            by_row[row].append(m)
+    if not by_row:
+        return None
+
+    work = snapshot.copy()
+    rows = _bound(work, request, {r: [m.pod for m in ms] for r, ms in by_row.items()})
+    budget = budget or CandidateBudget()
+    want = budget.count(len(rows))
+    if want < len(rows):
+        start = start_offset(request.name, len(rows), rng)
+        rows = rows[start:] + rows[:start]
+    plans: dict[int, _NodePlan] = {}
+    tried = 0
+    while tried < len(rows) and len(plans) < want:
+        chunk = rows[tried:tried + max(want - len(plans), 16)]
+        tried += len(chunk)
+        fresh = [_take_out(work, row, by_row[row]) for row in chunk]
+        fits = fit_mask(work, request, policy)
+        plans.update((p.row, p) for p in fresh if fits[p.row])
+    if not plans:
+        return None
+
+    # put back, one step for every node at once: where the pod no longer fits, the pod is a mover
+    for step in range(max(len(p.order) for p in plans.values())):
+        trying = [(p, p.order[step]) for p in plans.values() if step < len(p.order)]
+        for _, m in trying:
+            work.assume(m.pod.request, m.pod.placement)
+        fits = fit_mask(work, request, policy)
+        for p, m in trying:
+            if not fits[p.row]:
+                work.release(m.pod.request, m.pod.placement)
+                p.movers.append(m)
+
+    ranked = sorted((p for p in plans.values() if len(p.movers) <= max_movers),
+                    key=lambda p: p.key(int(snapshot.tie_rank[p.row])))
+    for p in ranked[:_PLANS_TRIED]:
+        found = _replace_movers(snapshot, request, p, policy, rng, busy, tried)
+        if found is not None:
+            return found
+    return None
+
+
+def _take_out(work: ClusterSnapshot, row: int, pods: list[Movable]) -> _NodePlan:
+    spec = work.nodes[row]
+    memory = {m.pod.uid: memory_held_mib(m.pod.placement, spec) for m in pods}
+    order = sorted(pods, key=lambda m: (-memory[m.pod.uid], m.pod.start_time, m.pod.uid))
+    for m in order:
+        work.release(m.pod.request, m.pod.placement)
+    return _NodePlan(row, order, memory)
+
+
+def _same_devices(a: Placement, b: Placement) -> bool:
+    return all(x.node == y.node and x.gpu_indices == y.gpu_indices and x.mig_devices == y.mig_devices
+               for x, y in zip(a.parts(), b.parts(), strict=False)) and len(a.parts()) == len(b.parts())
+
+
+def _replace_movers(snapshot: ClusterSnapshot, request: PodRequest, plan: _NodePlan, policy: Policy,
+                    rng: np.random.Generator | None, busy: frozenset[str], considered: int) -> Consolidation | None:
+    """The plan for ``plan``'s node when every mover has a destination; None otherwise."""
+    node = snapshot.node_names[plan.row]
+    after = snapshot.copy()
+    for m in plan.movers:
+        after.release(m.pod.request, m.pod.placement)
+    placement = decide(after, pinned(request, node), policy, rng)
+    if not isinstance(placement, Placement):  # fit_mask said it fits: decide() asks the same question
+        raise AssertionError(f"pod {request.name}: no placement on {node} after moving its movers")
+    after.assume(request, placement)
+    moves: list[Move] = []
+    for m in sorted(plan.movers, key=lambda m: (-plan.memory[m.pod.uid], m.pod.start_time, m.pod.uid)):
+        destination = decide(after, away_from(m.pod.request, sorted({node, *busy})), policy, rng)
+        if not isinstance(destination, Placement):  # elsewhere on the same node (whole GPUs freed by shares)
+            destination = decide(after, away_from(m.pod.request, sorted(busy)), policy, rng)
+        if not isinstance(destination, Placement) or _same_devices(destination, m.pod.placement):
+            return None
+        after.assume(m.pod.request, destination)
+        moves.append(Move(m.pod, m.owner, destination, plan.memory[m.pod.uid]))
+    return Consolidation(node, placement, tuple(moves), considered)
+
+
+def still_fits(snapshot: ClusterSnapshot, request: PodRequest, found: Consolidation) -> bool:
+    """``found`` can be carried out on ``snapshot`` as it is now (a plan computed on an older copy): with
+    its movers gone, the pod and every replacement placed where the plan says, nothing is overcommitted."""
+    after = snapshot.copy()
+    for move in found.moves:
+        after.release(move.pod.request, move.pod.placement)
+    after.assume(request, found.placement)
+    for move in found.moves:
+        after.assume(move.pod.request, move.destination)
+    usable = after.gpu_usable
+    return bool((after.free_milli[usable] >= 0).all() and (after.gpu_mem_free[usable] >= 0).all()
+                and (after.cpu_free >= 0).all() and (after.mem_free >= 0).all() and (after.pods_free >= 0).all())

@@ -1,0 +1,73 @@
+"""The consolidate action's wiring in the scheduler service: which pods may move and the budgets
+(framework/plugins/movers.py), carrying a migration out (writer/migrator.py), trying a blocked pod again
+once it has waited long enough for pods to move for it, reservations that expired, and the metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpupool_sched.cache.reservations import Reservation
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.plugins.movers import DefragConfig, Movers
+from gpupool_sched.framework.plugins.victims import DisruptionBudgets
+from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
+from gpupool_sched.kube.podspec import PodPlan
+from gpupool_sched.metrics import SchedulerMetrics
+from gpupool_sched.placement.consolidation import Consolidation
+from gpupool_sched.writer.migrator import REASON, Migrator
+from gpupool_sched.writer.preemptor import Preemptor
+from gpupool_sched.writer.recorder import EventRecorder
+
+
+@dataclass
+class Defrag:
+    state: ClusterState
+    queue: SchedulingQueue
+    movers: Movers
+    migrator: Migrator
+    metrics: SchedulerMetrics
+    due: dict[str, float] = field(default_factory=dict)  # blocked UID -> queue clock when pods may move for it
+    started: dict[str, float] = field(default_factory=dict)  # blocked UID -> queue clock of its migration
+
+    @classmethod
+    def build(cls, config: DefragConfig, state: ClusterState, budgets: DisruptionBudgets, queue: SchedulingQueue,
+              preemptor: Preemptor, metrics: SchedulerMetrics, recorder: EventRecorder) -> Defrag:
+        defrag = cls(state, queue, Movers(state, budgets, config, clock=queue.clock),
+                     Migrator(state, preemptor, queue, metrics, recorder), metrics)
+        state.on_claimed = defrag._replaced
+        return defrag
+
+    def wait(self, uid: str, first_seen: float | None, priority: int) -> None:
+        """A lone pod fits nowhere and has not waited `after_s` yet: try it again then, if anything could
+        move for it at all (a cluster without movable pods retries nothing)."""
+        if self.movers.config.enabled and first_seen is not None and self.movers.any_movable(priority):
+            self.due.setdefault(uid, first_seen + self.movers.config.after_s)
+
+    def planned(self, plan: PodPlan, migration: Consolidation) -> None:
+        self.migrator.carry_out(plan, migration)
+        self.movers.carried_out(m.pod.uid for m in migration.moves)
+        self.started[plan.uid] = self.queue.clock()
+        self.metrics.defrag_budget_remaining.set(self.movers.budget_left())
+
+    def placed(self, uid: str) -> None:
+        """`uid` was bound: the migration made for it, if any, is done."""
+        began = self.started.pop(uid, None)
+        if began is not None:
+            self.metrics.migration_duration.observe(self.queue.clock() - began)
+
+    def forget(self, uid: str) -> None:
+        self.due.pop(uid, None)
+        self.started.pop(uid, None)
+
+    def tick(self) -> None:
+        """Housekeeping: pods whose wait is over try again; expired reservations end."""
+        now = self.queue.clock()
+        for uid in [u for u, at in self.due.items() if at <= now]:
+            del self.due[uid]
+            self.queue.retry(uid)
+        if self.state.expire_reservations():
+            self.queue.on_event(ClusterEvent.GPU_FREED)
+        self.metrics.defrag_budget_remaining.set(self.movers.budget_left())
+
+    def _replaced(self, _: Reservation) -> None:
+        self.metrics.migrations.labels(reason=REASON, result="replaced").inc()

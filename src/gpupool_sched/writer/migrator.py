@@ -1,0 +1,117 @@
+"""Carrying out a migration: the consolidate action decided (`plan_consolidation`, pure) and held everything
+in the state (the blocked pod nominated on the node its movers leave, each mover's destination reserved
+for its replacement); this sets the blocked pod's status.nominatedNodeName, evicts the movers through the
+Eviction API (PodDisruptionBudgets hold; the checkpoint annotation is the eviction's grace) and posts the
+Events that tell the story on both sides.
+
+A mover already gone (404) is fine. Any other refusal (429: a budget) stops the migration: movers not yet
+evicted are spared and their reservations end, the nomination ends, and the blocked pod is retried after
+its backoff. When the blocked pod goes away meanwhile, the movers not yet evicted are spared (abandoned).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from gpupool_sched.cache.entries import CHECKPOINT_GRACE
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.plugins.victims import asks, checkpoint_grace_s
+from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
+from gpupool_sched.kube.kubeapi import ApiError
+from gpupool_sched.kube.podspec import PodPlan
+from gpupool_sched.metrics import SchedulerMetrics
+from gpupool_sched.placement.consolidation import Consolidation, Move
+from gpupool_sched.writer.preemptor import Preemptor, Target
+from gpupool_sched.writer.recorder import EventRecorder
+
+log = logging.getLogger(__name__)
+REASON = "blocked"  # the migrations metric's reason: for a pod that fit nowhere
+
+
+class Migrator:
+    def __init__(self, state: ClusterState, preemptor: Preemptor, queue: SchedulingQueue,
+                 metrics: SchedulerMetrics, recorder: EventRecorder) -> None:
+        self.state = state
+        self.preemptor = preemptor  # the writer's eviction path and nominatedNodeName
+        self.queue = queue
+        self.metrics = metrics
+        self.recorder = recorder
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def carry_out(self, plan: PodPlan, migration: Consolidation) -> None:
+        """Start moving `migration`'s pods for `plan` (already nominated, destinations reserved)."""
+        targets = []
+        for move in migration.moves:
+            entry = self.state.pods[move.pod.uid]
+            namespace, _, name = entry.key.partition("/")
+            grace = checkpoint_grace_s(entry, self.preemptor.max_checkpoint_grace_s)
+            targets.append((move, Target(move.pod.uid, namespace, name, move.pod.priority, grace,
+                                         entry.grace_s if entry.grace_s != grace else None)))
+        self.metrics.migrations.labels(reason=REASON, result="planned").inc(len(targets))
+        log.info("pod %s: moving %d pod(s) off %s: %s", plan.key, len(targets), migration.node,
+                 ", ".join(f"{t.namespace}/{t.name} -> {m.destination.node}" for m, t in targets))
+        task = asyncio.get_running_loop().create_task(self._run(plan, migration, targets))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+    async def _run(self, plan: PodPlan, migration: Consolidation, targets: list[tuple[Move, Target]]) -> None:
+        api = self.preemptor.api
+        try:
+            await api.set_nominated_node(plan.namespace, plan.name, migration.node)
+        except ApiError as exc:
+            if exc.status == 404:  # the blocked pod is gone: move nobody
+                self._stop(plan, [t for _, t in targets], "abandoned", None)
+                return
+            log.warning("pod %s: setting nominatedNodeName failed (%s); moving anyway", plan.key, exc)
+        names = ", ".join(f"{t.namespace}/{t.name} (to {m.destination.node})" for m, t in targets)
+        self.recorder.record(plan.namespace, plan.name, plan.uid, "Normal", "Consolidating",
+                             f"Moving {len(targets)} pod(s) off node {migration.node} to make room, each with "
+                             f"its destination held: {names}")
+        what = asks(plan.request)
+        for i, (move, target) in enumerate(targets):
+            if plan.uid not in self.state.nominations:  # placed, deleted or expired meanwhile
+                self._stop(plan, [t for _, t in targets[i:]], "abandoned", None)
+                return
+            try:
+                await self.preemptor.evict_pod(target.namespace, target.name, target.uid, target.grace_s)
+            except ApiError as exc:
+                if exc.status == 404:
+                    continue  # already gone: what it held is free (or held, if the watch saw it go)
+                self._stop(plan, [t for _, t in targets[i:]], "failed", exc)
+                return
+            self.metrics.migrations.labels(reason=REASON, result="evicted").inc()
+            self.recorder.record(
+                target.namespace, target.name, target.uid, "Normal", "Moved",
+                f"Moved off node {migration.node} to make room for {plan.key} ({what}); its replacement has "
+                f"room held on node {move.destination.node}"
+                + (f"; checkpoint grace {target.grace_s}s" if target.grace_s is not None else "")
+                + (f" ({CHECKPOINT_GRACE} asks {target.asked_s}s; capped at {target.grace_s}s)"
+                   if target.asked_s is not None else ""))
+
+    def _stop(self, plan: PodPlan, remaining: list[Target], result: str, exc: ApiError | None) -> None:
+        """Spare the movers not evicted yet and end their reservations; a refusal ends the nomination too
+        and the blocked pod tries again after its backoff."""
+        self.metrics.migrations.labels(reason=REASON, result=result).inc(len(remaining))
+        self.state.spare(plan.uid, (t.uid for t in remaining))
+        freed = False
+        for target in remaining:
+            freed |= self.state.end_reservation(f"reserve/{target.uid}")
+        if exc is None:
+            if freed:
+                self.queue.on_event(ClusterEvent.GPU_FREED)
+            return
+        blocked = "a PodDisruptionBudget forbids it" if exc.status == 429 else str(exc)
+        log.warning("pod %s: migration stopped at %s/%s (%s); retrying later", plan.key, remaining[0].namespace,
+                    remaining[0].name, blocked)
+        if self.state.end_nomination(plan.uid) or freed:
+            self.queue.on_event(ClusterEvent.GPU_FREED)
+        self.recorder.record(plan.namespace, plan.name, plan.uid, "Warning", "ConsolidationFailed",
+                             f"Moving pods stopped: evicting {remaining[0].namespace}/{remaining[0].name} "
+                             f"failed: {blocked}")
+        self.preemptor.clear(plan.namespace, plan.name)
+        self.queue.retry(plan.uid)
