@@ -71,3 +71,14 @@ def namespace(kube: ClusterClient) -> Iterator[str]:
 
     with fresh_namespace(kube) as name:
         yield name
+
+
+@pytest.fixture(scope="module")
+def controller_manager(kube: ClusterClient) -> Iterator[None]:
+    """kube-controller-manager on the session's cluster for the module asking for it (its Deployment,
+    ReplicaSet and disruption controllers); stopped afterwards if this started it, so later modules see
+    the cluster as they expect it."""
+    started = kube.cluster.up(optional=["kube-controller-manager"]).started
+    yield
+    if "kube-controller-manager" in started:
+        kube.cluster.stop_optional("kube-controller-manager")

@@ -34,14 +34,6 @@ from tests.support.scheduler_harness import (
 
 
 @pytest.fixture(scope="module")
-def controller_manager(kube: ClusterClient) -> Iterator[None]:
-    started = kube.cluster.up(optional=["kube-controller-manager"]).started
-    yield
-    if "kube-controller-manager" in started:
-        kube.cluster.stop_optional("kube-controller-manager")
-
-
-@pytest.fixture(scope="module")
 def scheduler(kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SchedulerProcess]:
     proc = start_scheduler(kube, unique("gpupool"), tmp_path_factory.mktemp("defrag-logs"),
                            "--defrag-after", "2", "--defrag-min-runtime", "0", "--defrag-budget", "10")

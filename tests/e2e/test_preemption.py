@@ -78,16 +78,6 @@ def pool(kube: ClusterClient) -> Iterator[tuple[str, list[str]]]:
 
 
 @pytest.fixture(scope="module")
-def controller_manager(kube: ClusterClient) -> Iterator[None]:
-    """kube-controller-manager on the session's cluster for this module; stopped afterwards if this
-    started it, so later modules see the cluster as they expect it."""
-    started = kube.cluster.up(optional=["kube-controller-manager"]).started
-    yield
-    if "kube-controller-manager" in started:
-        kube.cluster.stop_optional("kube-controller-manager")
-
-
-@pytest.fixture(scope="module")
 def scheduler(kube: ClusterClient, log_dir: Path, pool: object, classes: object) -> Iterator[SchedulerProcess]:
     proc = start_scheduler(kube, unique("gpupool"), log_dir)
     yield proc

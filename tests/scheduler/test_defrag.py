@@ -17,6 +17,7 @@ from typing import Any
 
 from gpupool_common.handshake import AllocationAck, ack_annotations
 from gpupool_sched.cache.entries import Phase
+from gpupool_sched.cache.reservations import reservation_uid
 from gpupool_sched.framework.plugins.movers import DefragConfig
 from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
 from tests.support.apiserver import NODES, PODS, ApiServer, serving
@@ -110,7 +111,7 @@ def test_the_seed_case_moves_one_tenant_with_its_destination_held_first() -> Non
         mover_uid = mover["metadata"]["uid"]
         mover_gpus = service.state.pods[mover_uid].placement.gpu_indices
         # held before the eviction: the destination for its replacement, the blocked pod's nomination
-        reservation = service.state.reservations[f"reserve/{mover_uid}"]
+        reservation = service.state.reservations[reservation_uid(mover_uid)]
         nomination = service.state.nominations[big_uid]
         assert nomination.node == mover["spec"]["nodeName"] and nomination.victims == {mover_uid}
         assert (reservation.destination.node, reservation.destination.gpu_indices) != (mover["spec"]["nodeName"],

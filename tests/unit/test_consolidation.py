@@ -151,15 +151,19 @@ def test_a_whole_gpu_pod_gets_a_gpu_freed_of_scattered_shares() -> None:
     carried_out(c, request, found)
 
 
-def test_a_second_plan_on_the_consolidated_state_moves_nothing() -> None:
-    """KAI's lesson: once the plan is carried out, the blocked pod fits and nothing is left to move."""
-    c = seed_case()
-    request = share(35)
-    found = plan(c, request)
-    assert found is not None
-    after = carried_out(c, request, found)
-    assert decide(after, share(35), BEST_FIT).schedulable is False  # a second 35 GB pod: no room
-    assert isinstance(decide(c.snap.copy(), share(30), BEST_FIT), Placement)  # fits as is: no plan asked
+def test_once_the_movers_are_at_their_destinations_the_pod_fits_as_is() -> None:
+    """KAI's lesson: after the moves the pod needs no further plan; allocate places it on the plan's node."""
+    for policy in policies():
+        c = seed_case()
+        request = share(35)
+        found = plan(c, request, policy)
+        assert found is not None
+        moved = c.snap.copy()
+        for move in found.moves:
+            moved.release(move.pod.request, move.pod.placement)
+            moved.assume(move.pod.request, move.destination)
+        placed = decide(moved, request, policy, np.random.default_rng(0))
+        assert isinstance(placed, Placement) and placed.node == found.node
 
 
 def test_memory_held_and_away_from() -> None:

@@ -34,6 +34,11 @@ class Reservation:
     deadline: float  # state clock
 
 
+def reservation_uid(mover: str) -> str:
+    """The synthetic ledger UID of the reservation made for the mover `mover` (a UID)."""
+    return f"reserve/{mover}"
+
+
 def same_request(a: PodRequest, b: PodRequest) -> bool:
     """A replacement asks what the pod it replaces asked (its name differs)."""
     return (a.gpu_shapes() == b.gpu_shapes() and a.cpu_milli == b.cpu_milli and a.memory_mib == b.memory_mib
@@ -43,7 +48,7 @@ def same_request(a: PodRequest, b: PodRequest) -> bool:
 class Reservations(Nominator):
     def reserve(self, blocked: str, mover: PodEntry, destination: Placement, timeout_s: float) -> Reservation:
         """Hold `destination` for `mover`'s replacement (accounted at once)."""
-        uid = f"reserve/{mover.uid}"
+        uid = reservation_uid(mover.uid)
         if uid in self.pods:
             raise ValueError(f"pod {mover.key} already has a reservation")
         namespace = mover.key.partition("/")[0]

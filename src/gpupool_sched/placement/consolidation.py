@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,8 +39,14 @@ from gpupool_sched.model.request import MILLI, PodRequest
 from gpupool_sched.placement.candidates import CandidateBudget, start_offset
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.framework import Policy
-from gpupool_sched.placement.nodeaffinity import constraints_of
-from gpupool_sched.placement.preemption import RunningPod, _bound, fit_mask, mig_slice_milli, pinned
+from gpupool_sched.placement.preemption import (
+    RunningPod,
+    _bound,
+    fit_mask,
+    mig_slice_milli,
+    pinned,
+    with_requirement,
+)
 
 DEFAULT_MAX_MOVERS = 16
 _PLANS_TRIED = 8  # nodes whose movers are re-placed before giving up (each costs one decide() per mover)
@@ -101,15 +107,10 @@ def memory_held_mib(placement: Placement, spec: NodeSpec) -> int:
 
 
 def away_from(request: PodRequest, nodes: Sequence[str]) -> PodRequest:
-    """``request`` kept off ``nodes`` (its own selector, affinity and tolerations still apply): a node-name
-    NotIn requirement ANDed into every affinity term; empty terms stay empty (they match nothing)."""
+    """``request`` kept off ``nodes`` (a node-name NotIn requirement, `with_requirement`)."""
     if not nodes:
         return request
-    keep_off = Requirement(NODE_NAME_FIELD, "NotIn", tuple(sorted(set(nodes))))
-    c = constraints_of(request)
-    terms = (tuple((*term, keep_off) if term else term for term in c.affinity_terms) if c.affinity_terms
-             else ((keep_off,),))
-    return replace(request, constraints=replace(c, affinity_terms=terms))
+    return with_requirement(request, Requirement(NODE_NAME_FIELD, "NotIn", tuple(sorted(set(nodes)))))
 
 
 @dataclass(slots=True)

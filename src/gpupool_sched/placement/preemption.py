@@ -172,13 +172,18 @@ def gpu_cost(placement: Placement, spec: NodeSpec) -> GpuCost:
     return cost
 
 
-def pinned(request: PodRequest, node: str) -> PodRequest:
-    """``request`` restricted to ``node`` (its own selector, affinity and tolerations still apply): the
-    node-name requirement is ANDed into every affinity term; empty terms stay empty (they match nothing)."""
-    pin = Requirement(NODE_NAME_FIELD, "In", (node,))
+def with_requirement(request: PodRequest, requirement: Requirement) -> PodRequest:
+    """``request`` with ``requirement`` ANDed into every affinity term (its own selector, affinity and
+    tolerations still apply); empty terms stay empty (they match nothing)."""
     c = constraints_of(request)
-    terms = tuple((*term, pin) if term else term for term in c.affinity_terms) if c.affinity_terms else ((pin,),)
+    terms = (tuple((*term, requirement) if term else term for term in c.affinity_terms) if c.affinity_terms
+             else ((requirement,),))
     return replace(request, constraints=replace(c, affinity_terms=terms))
+
+
+def pinned(request: PodRequest, node: str) -> PodRequest:
+    """``request`` restricted to ``node`` (a node-name requirement, `with_requirement`)."""
+    return with_requirement(request, Requirement(NODE_NAME_FIELD, "In", (node,)))
 
 
 def fit_mask(snapshot: ClusterSnapshot, request: PodRequest, policy: Policy) -> np.ndarray:

@@ -62,6 +62,8 @@ class Defrag:
     def tick(self) -> None:
         """Housekeeping: pods whose wait is over try again; expired reservations end."""
         now = self.queue.clock()
+        if self.movers.config.per_hour is None:
+            self.movers.refresh()
         for uid in [u for u, at in self.due.items() if at <= now]:
             del self.due[uid]
             self.queue.retry(uid)

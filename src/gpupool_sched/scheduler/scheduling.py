@@ -205,7 +205,7 @@ class Scheduling:
     def _movers(self, job: Job, preempts: bool) -> tuple[Callable[[], list[Movable]] | None, int | None, str | None]:
         """What the consolidate action may move for `job`: (candidates, at most how many, why none). None
         candidates and no reason: not yet (it has not waited long enough) or not at all (a gang, Never)."""
-        if self.defrag is None or job.gang or not preempts:
+        if self.defrag is None or not self.defrag.movers.config.enabled or job.gang or not preempts:
             return None, None, None
         movers = self.defrag.movers
         item = job.items[0]
@@ -214,7 +214,7 @@ class Scheduling:
             return None, None, None
         why = movers.may_move_for(waited)
         if why is not None:
-            return None, None, why if movers.config.enabled else None
+            return None, None, why
         floor = job.priority
         return (lambda: movers.candidates(floor)), min(movers.config.max_movers, movers.budget_left()), None
 

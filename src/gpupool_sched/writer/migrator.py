@@ -15,6 +15,7 @@ import asyncio
 import logging
 
 from gpupool_sched.cache.entries import CHECKPOINT_GRACE
+from gpupool_sched.cache.reservations import reservation_uid
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.plugins.victims import asks, checkpoint_grace_s
 from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
@@ -100,7 +101,7 @@ class Migrator:
         self.state.spare(plan.uid, (t.uid for t in remaining))
         freed = False
         for target in remaining:
-            freed |= self.state.end_reservation(f"reserve/{target.uid}")
+            freed |= self.state.end_reservation(reservation_uid(target.uid))
         if exc is None:
             if freed:
                 self.queue.on_event(ClusterEvent.GPU_FREED)

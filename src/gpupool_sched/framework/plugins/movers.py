@@ -65,10 +65,16 @@ class Movers:
     moves: deque[float] = field(default_factory=deque)  # clock of every move in the last hour
     moved: dict[str, float] = field(default_factory=dict)  # lineage (first UID) -> clock of its last move
     movable: set[str] = field(default_factory=set)  # ledger entries of a movable kind (kept by a watcher)
+    gpu_pods: int = 0  # running pods holding GPUs, as of the last `refresh` (the default budget's base)
 
     def __post_init__(self) -> None:
         self.movable.update(uid for uid, e in self.state.pods.items() if movable_kind(e))
         self.state.watchers.append(self._track)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Count the running GPU pods (housekeeping, once a second: not on every decision)."""
+        self.gpu_pods = sum(1 for e in self.state.running() if _holds_gpus(e))
 
     def _track(self, entry: PodEntry) -> None:
         """A ledger entry joined, left or changed: candidates are looked for among the movable ones only
@@ -88,8 +94,7 @@ class Movers:
         """Moves allowed per hour now."""
         if self.config.per_hour is not None:
             return self.config.per_hour
-        gpu_pods = sum(1 for e in self.state.running() if _holds_gpus(e))
-        return max(1, math.floor(gpu_pods / 100))
+        return max(1, math.floor(self.gpu_pods / 100))
 
     def budget_left(self) -> int:
         now = self.clock()
