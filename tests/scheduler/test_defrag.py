@@ -194,3 +194,16 @@ def test_bare_pods_and_pods_that_say_no_never_move() -> None:
         assert all(e.phase is Phase.CONFIRMED and e.evicting_for is None for e in service.state.pods.values())
 
     asyncio.run(with_service(test))
+
+
+def test_without_the_action_the_blocked_pod_waits() -> None:
+    """The seed case with `--defrag off`: what the tests above show is the action's doing."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        seed(service, server)
+        big = add(service, server, pod_obj("big", units=35))
+        await run_queue(service, rounds=3)
+        assert evictions(server) == [] and not service.state.reservations
+        assert big["metadata"]["uid"] not in service.state.pods and not service.defrag.due
+        assert events(server, "FailedScheduling") and not events(server, "Consolidating")
+
+    asyncio.run(with_service(test, enabled=False))
