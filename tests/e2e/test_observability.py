@@ -98,6 +98,9 @@ class Prometheus:
     def query(self, expr: str) -> list[dict[str, Any]]:
         return list(self.get("/api/v1/query", query=expr)["result"])
 
+    def query_range(self, expr: str, start: float, end: float, step: float = 1.0) -> list[dict[str, Any]]:
+        return list(self.get("/api/v1/query_range", query=expr, start=start, end=end, step=step)["result"])
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -120,8 +123,8 @@ def dashboard_targets() -> list[tuple[str, str, str]]:
             for p in render.panels(dash) for t in p["targets"]]
 
 
-def _has_value(result: list[dict[str, Any]]) -> bool:
-    return any(not math.isnan(float(r["value"][1])) for r in result)
+def _has_sample(matrix: list[dict[str, Any]]) -> bool:
+    return any(not math.isnan(float(v)) for r in matrix for _, v in r["values"])
 
 
 def test_prometheus_scrapes_scheduler_and_plugins_and_every_panel_has_data(
@@ -188,12 +191,15 @@ def test_prometheus_scrapes_scheduler_and_plugins_and_every_panel_has_data(
 
         wait_until(alert_pending, 30, "GpupoolGpuUnhealthy pending for the injected fault", interval=0.5)
 
-        # every query of every panel answers with at least one sample that is a number
+        # every query of every panel has at least one sample that is a number over the test's time range, as the
+        # dashboard draws it: an instant query at the end would miss a rate() whose activity is older than its
+        # window (the allocations happen first; a slow machine once took over a minute to get here)
         targets = dashboard_targets()
         assert len(targets) >= 15
 
         def empty() -> list[str]:
-            return [f"{title} {ref}: {expr}" for title, ref, expr in targets if not _has_value(prom.query(expr))]
+            return [f"{title} {ref}: {expr}" for title, ref, expr in targets
+                    if not _has_sample(prom.query_range(expr, started, time.time()))]
 
         missing: list[str] = []
 
