@@ -55,6 +55,9 @@ NOT_EXERCISED: dict[str, dict[tuple[str, str, str], str]] = {
         # preemption only: evict the victims (Eviction API) of a higher-priority pod; the preemption
         # path is proven with admin credentials in tests/e2e/test_preemption.py
         ("", "pods/eviction", "create"): "preemption victims",
+        # defragmentation only: a migration's record of its holds on the blocked pod; proven in
+        # tests/scheduler/test_defrag.py and tests/e2e/test_defrag.py
+        ("", "pods", "patch"): "migration record",
         # gangs only: the status of a PodGroup (phase, scheduled, running); proven in the gang e2e tests
         ("scheduling.x-k8s.io", "podgroups/status", "patch"): "PodGroup status",
         # quotas only: the status of a GpuQuota (used, borrowed, conditions); proven in

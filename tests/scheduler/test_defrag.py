@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpupool_common.handshake import AllocationAck, ack_annotations
 from gpupool_sched.cache.entries import Phase
-from gpupool_sched.cache.reservations import reservation_uid
+from gpupool_sched.cache.reservations import reservation_uid, same_request
 from gpupool_sched.framework.plugins.movers import DefragConfig
+from gpupool_sched.kube import migration_record
 from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
 from tests.support.apiserver import NODES, PODS, ApiServer, serving
 from tests.support.objects import node_obj, pod_obj
@@ -207,3 +209,158 @@ def test_without_the_action_the_blocked_pod_waits() -> None:
         assert events(server, "FailedScheduling") and not events(server, "Consolidating")
 
     asyncio.run(with_service(test, enabled=False))
+
+
+# ---- failover: the holds live on the blocked pod (gpupool.io/migration) -----------------------------------
+def where(p: Any) -> tuple[Any, ...]:
+    """A placement's devices (the record carries no score)."""
+    return p.node, p.gpu_indices, p.gpu_milli, p.gpu_memory_mib, p.mig_devices
+
+
+def recorded(server: ApiServer, pod: dict[str, Any], node: str) -> dict[str, Any]:
+    """`pod` as the API server holds it after the leader's writes: its migration record and nomination."""
+    out = copy.deepcopy(pod)
+    for method, path, body in server.written:
+        if method == "PATCH" and path.endswith(f"/pods/{pod['metadata']['name']}"):
+            out["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
+    out["status"]["nominatedNodeName"] = node
+    out["metadata"]["resourceVersion"] = server.version()
+    return out
+
+
+def terminating(server: ApiServer, pod: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(pod)
+    out["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+    out["metadata"]["resourceVersion"] = server.version()
+    return out
+
+
+async def leader_moves_one(service: SchedulerService, server: ApiServer) -> tuple[
+        list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """The seed case up to the eviction on `service`: (tenants, big, the mover)."""
+    tenants = seed(service, server)
+    big = add(service, server, pod_obj("big", units=35))
+    await run_queue(service, rounds=5)
+    moved = evictions(server)
+    assert len(moved) == 1, server.written
+    return tenants, big, next(t for t in tenants if t["metadata"]["name"] == moved[0])
+
+
+def test_the_holds_are_recorded_on_the_blocked_pod_before_any_eviction() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        _, big, mover = await leader_moves_one(service, server)
+        writes = [(m, p) for m, p, _ in server.written]
+        record_at = writes.index(("PATCH", "/api/v1/namespaces/ns/pods/big"))
+        evict_at = writes.index(("POST", f"/api/v1/namespaces/ns/pods/{mover['metadata']['name']}/eviction"))
+        assert record_at < evict_at
+        record = migration_record.record_of(recorded(server, big, mover["spec"]["nodeName"]))
+        assert record is not None and record.node == mover["spec"]["nodeName"]
+        held = service.state.reservations[reservation_uid(mover["metadata"]["uid"])]
+        (move,) = record.moves
+        assert (move.mover, move.owner, where(move.destination)) == (held.mover, held.owner, where(held.destination))
+        assert same_request(move.request, held.request) and move.request.priority == held.request.priority
+        assert record.until > time.time() + 60  # the mover's grace, the slack and the replacement window
+
+    asyncio.run(with_service(test))
+
+
+def test_a_new_leader_holds_what_the_old_one_held_and_the_replacement_lands_there() -> None:
+    """The leader evicts the mover and dies; a new scheduler starts from the API server's objects: it holds
+    the recorded destination for the replacement and the freed room for the blocked pod, and finishes the
+    plan. (Before the record existed the new leader knew of no hold: the first assertion failed.)"""
+    async def test(old: SchedulerService, server: ApiServer) -> None:
+        tenants, big, mover = await leader_moves_one(old, server)
+        held = old.state.reservations[reservation_uid(mover["metadata"]["uid"])].destination
+        config = SchedulerConfig(defrag=DefragConfig(after_s=0.0, min_runtime_s=0.0))
+        new = SchedulerService(config, old.api)
+        new.recorder.start()
+        try:
+            for name in ("n1", "n2"):
+                new.on_node("ADDED", server.objects[NODES][f"/{name}"])
+            for t in tenants:
+                new.on_pod("ADDED", terminating(server, t) if t is mover else t)
+            new.on_pod("ADDED", recorded(server, big, mover["spec"]["nodeName"]))
+            adopted = new.state.reservations.get(reservation_uid(mover["metadata"]["uid"]))
+            assert adopted is not None and adopted.adopted and where(adopted.destination) == where(held)
+            assert new.state.nominations[big["metadata"]["uid"]].victims == {mover["metadata"]["uid"]}
+            new.state.abandon_unstarted()  # what its housekeeping does as leader: the mover is going, it stays
+            assert reservation_uid(mover["metadata"]["uid"]) in new.state.reservations
+
+            server.delete(PODS, mover)
+            gone = terminating(server, mover)
+            new.on_pod("DELETED", gone)
+            replacement = add(new, server, owned(pod_obj("tenants-new", units=10)))
+            await run_queue(new, rounds=60, until=lambda: len(server.bindings) == 2)
+            bound = dict(server.bindings)
+            assert bound["ns/big"] == mover["spec"]["nodeName"] and bound["ns/tenants-new"] == held.node
+            placed = new.state.pods[replacement["metadata"]["uid"]].placement
+            assert (placed.node, placed.gpu_indices) == (held.node, held.gpu_indices)
+            assert not new.state.reservations
+            snap = new.state.snapshot
+            assert (snap.gpu_mem_free[snap.gpu_usable] >= 0).all()
+            assert len(evictions(server)) == 1  # the new leader evicted nobody
+        finally:
+            await new.recorder.stop()
+            await new.informers.stop()
+            await new.binder.drain()
+
+    asyncio.run(with_service(test))
+
+
+def test_a_standby_mirrors_the_holds_and_lets_go_when_the_replacement_is_bound() -> None:
+    """A standby reads the record as the leader writes it; when the leader's replacement shows up bound on
+    the destination, the mirrored hold ends before the replacement is accounted (nothing counted twice).
+    A recorded mover that was never evicted is let go once the standby leads."""
+    async def test(leader: SchedulerService, server: ApiServer) -> None:
+        tenants, big, mover = await leader_moves_one(leader, server)
+        held = leader.state.reservations[reservation_uid(mover["metadata"]["uid"])].destination
+        standby = SchedulerService(SchedulerConfig(defrag=DefragConfig(after_s=0.0, min_runtime_s=0.0)),
+                                   leader.api)
+        for name in ("n1", "n2"):
+            standby.on_node("ADDED", server.objects[NODES][f"/{name}"])
+        for t in tenants:
+            standby.on_pod("ADDED", t)
+        snap = standby.state.snapshot
+        row = snap.row_of(held.node)
+        free_before = int(snap.gpu_mem_free[row, held.gpu_indices[0]])
+        standby.on_pod("MODIFIED", recorded(server, big, mover["spec"]["nodeName"]))
+        hold = standby.state.pods[reservation_uid(mover["metadata"]["uid"])]
+        assert hold.phase is Phase.RESERVED and where(hold.placement) == where(held)
+        assert int(snap.gpu_mem_free[row, held.gpu_indices[0]]) == free_before - held.gpu_memory_mib
+
+        # the leader binds the replacement where it held room: the standby sees it bound
+        replacement = owned(pod_obj("tenants-new", units=10))
+        uuid = standby.state.nodes[held.node].spec.gpus[held.gpu_indices[0]].uuid
+        ack = AllocationAck(node=held.node, pod_uid=replacement["metadata"]["uid"], complete=True,
+                            containers={"main": {MEM: tuple(f"{uuid}::{k}" for k in range(10))}})
+        replacement["metadata"]["annotations"].update(ack_annotations(ack))
+        replacement["spec"]["nodeName"] = held.node
+        standby.on_pod("MODIFIED", terminating(server, mover))
+        standby.on_pod("ADDED", server.put(PODS, replacement))
+        assert reservation_uid(mover["metadata"]["uid"]) not in standby.state.reservations
+        assert int(snap.gpu_mem_free[row, held.gpu_indices[0]]) == free_before - \
+            standby.state.pods[replacement["metadata"]["uid"]].placement.gpu_memory_mib
+        assert standby.state.replaced[replacement["metadata"]["uid"]] == mover["metadata"]["uid"]
+
+        # a record whose mover was never evicted (the leader died first): held while standing by,
+        # let go once leading
+        other = next(t for t in tenants if t is not mover and t["spec"]["nodeName"] != held.node)
+        fake = copy.deepcopy(recorded(server, big, mover["spec"]["nodeName"]))
+        fake["metadata"]["uid"] = "blocked-2"
+        fake["metadata"]["name"] = "big-2"
+        record = migration_record.record_of(fake)
+        assert record is not None
+        (move,) = record.moves
+        spec = standby.state.pods[other["metadata"]["uid"]]
+        move2 = migration_record.RecordedMove(other["metadata"]["uid"], spec.key, spec.owner, spec.request,
+                                              move.destination)
+        fake["metadata"]["annotations"][migration_record.MIGRATION_ANNOTATION] = migration_record.encode(
+            migration_record.MigrationRecord(record.node, record.at, record.until, (move2,)))
+        standby.on_pod("ADDED", fake)
+        assert reservation_uid(other["metadata"]["uid"]) in standby.state.reservations
+        assert [r.mover for r in standby.state.abandon_unstarted()] == [other["metadata"]["uid"]]
+        assert not standby.state.reservations
+        await standby.informers.stop()
+
+    asyncio.run(with_service(test))
+

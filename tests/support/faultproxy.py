@@ -44,6 +44,7 @@ import yaml
 
 PASS, CUT, BLACKHOLE = "pass", "cut", "blackhole"
 # a Binding: POST to the pod's subresource, or to the namespace's bindings collection
+EVICTION = re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/eviction$")
 BINDING = re.compile(r"^/api/v1/namespaces/[^/]+/(pods/[^/]+/binding|bindings)$")
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _MAX_HEAD = 1 << 20
@@ -178,6 +179,8 @@ class FaultProxy:
         self._listeners: list[Callable[[ProxyRecord], None]] = []
         self._freeze_after: int | None = None
         self._bindings_seen = 0
+        self._freeze_after_evictions: int | None = None
+        self._evictions_seen = 0
         self.frozen = threading.Event()
         self.binding_statuses: list[int] = []  # the apiserver's answers to Bindings, withheld or not
 
@@ -256,6 +259,14 @@ class FaultProxy:
         with self._lock:
             self._freeze_after = count
             self._bindings_seen = 0
+        self.frozen.clear()
+
+    def freeze_after_evictions(self, count: int) -> None:
+        """Black-hole everything once the API server has answered Eviction number `count`: the eviction is
+        done, and its answer, like every later request and watch event, never reaches the client."""
+        with self._lock:
+            self._freeze_after_evictions = count
+            self._evictions_seen = 0
         self.frozen.clear()
 
     def on_record(self, listener: Callable[[ProxyRecord], None]) -> None:
@@ -391,6 +402,8 @@ class FaultProxy:
                 if target:
                     with self._lock:
                         self.binding_statuses.append(status)
+                if method == "POST" and EVICTION.match(path):
+                    self._count_eviction()
                 if drop:
                     await self._read_response_body(up_reader, status_fields, method, status, None)
                     self.dropped += 1
@@ -412,6 +425,18 @@ class FaultProxy:
         with self._lock:
             self._bindings_seen += 1
             freeze = self._freeze_after is not None and self._bindings_seen > self._freeze_after
+        if freeze and self._open.is_set():
+            self.mode = BLACKHOLE
+            self._open.clear()
+            self.frozen.set()
+
+    def _count_eviction(self) -> None:
+        """On the loop, with the API server's answer in hand: freeze at `freeze_after_evictions`'s count."""
+        assert self._open is not None
+        with self._lock:
+            self._evictions_seen += 1
+            freeze = (self._freeze_after_evictions is not None
+                      and self._evictions_seen >= self._freeze_after_evictions)
         if freeze and self._open.is_set():
             self.mode = BLACKHOLE
             self._open.clear()

@@ -11,10 +11,12 @@ again otherwise). A reservation ends when claimed, when it expires, or when the 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from gpupool_sched.cache.entries import Phase, PodEntry
 from gpupool_sched.cache.nominator import Nominator
+from gpupool_sched.kube.migration_record import RecordedMove
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
@@ -32,6 +34,7 @@ class Reservation:
     destination: Placement
     blocked: str  # UID of the pod the migration makes room for
     deadline: float  # state clock
+    adopted: bool = False  # read from the blocked pod's migration record, not decided by this instance
 
 
 def reservation_uid(mover: str) -> str:
@@ -48,20 +51,84 @@ def same_request(a: PodRequest, b: PodRequest) -> bool:
 class Reservations(Nominator):
     def reserve(self, blocked: str, mover: PodEntry, destination: Placement, timeout_s: float) -> Reservation:
         """Hold `destination` for `mover`'s replacement (accounted at once)."""
-        uid = reservation_uid(mover.uid)
-        if uid in self.pods:
+        if reservation_uid(mover.uid) in self.pods:
             raise ValueError(f"pod {mover.key} already has a reservation")
-        namespace = mover.key.partition("/")[0]
-        entry = PodEntry(uid, f"{namespace}/reserved for the replacement of {mover.key}", destination.node,
-                         mover.request, destination, Phase.RESERVED, True, self.clock(), owner=mover.owner)
-        self.pods[uid] = entry
-        self.by_node[destination.node].add(uid)
+        return self._hold(Reservation(reservation_uid(mover.uid), mover.uid, mover.key, mover.owner, mover.request,
+                                      destination, blocked, self.clock() + timeout_s))
+
+    def adopt_reservation(self, blocked: str, move: RecordedMove, since: float, deadline: float) -> Reservation | None:
+        """Hold what another instance held for `move`'s replacement (the blocked pod's migration record, whose
+        holds were taken at `since`, wall-clock seconds): a standby mirrors the leader, a new leader takes
+        the holds over. None when there is nothing to hold: held already, the destination unknown, the
+        replacement already placed there, or the room taken."""
+        uid = reservation_uid(move.mover)
+        if uid in self.pods or move.destination.node not in self.nodes or deadline <= self.clock():
+            return None
+        if self._replacement_on(move.destination.node, move.owner, move.request, move.mover, since) is not None:
+            return None
+        row = self.snapshot.row_of(move.destination.node)
+        if any(u in self.snapshot.mig_taken[row] for part in move.destination.parts() for u in part.mig_devices):
+            return None
+        after = self.snapshot.copy()
+        try:
+            after.assume(move.request, move.destination)
+        except (ValueError, KeyError):
+            return None
+        if not (after.cpu_free[row] >= 0 and after.mem_free[row] >= 0 and (after.free_milli[row] >= 0).all()
+                and (after.gpu_mem_free[row] >= 0).all()):
+            log.warning("not holding %s for the replacement of %s: the room is taken", move.destination.node,
+                        move.mover_key)
+            return None
+        log.info("holding %s for the replacement of %s (adopted migration)", move.destination.node, move.mover_key)
+        return self._hold(Reservation(uid, move.mover, move.mover_key, move.owner, move.request, move.destination,
+                                      blocked, deadline, adopted=True))
+
+    def _hold(self, reservation: Reservation) -> Reservation:
+        namespace = reservation.mover_key.partition("/")[0]
+        entry = PodEntry(reservation.uid, f"{namespace}/reserved for the replacement of {reservation.mover_key}",
+                         reservation.destination.node, reservation.request, reservation.destination, Phase.RESERVED,
+                         True, self.clock(), owner=reservation.owner)
+        self.pods[reservation.uid] = entry
+        self.by_node[reservation.destination.node].add(reservation.uid)
         self._tell(entry)
         self._apply(entry)
-        reservation = Reservation(uid, mover.uid, mover.key, mover.owner, mover.request, destination, blocked,
-                                  self.clock() + timeout_s)
-        self.reservations[uid] = reservation
+        self.reservations[reservation.uid] = reservation
         return reservation
+
+    def _replacement_on(self, node: str, owner: str, request: PodRequest, mover: str, since: float) -> PodEntry | None:
+        """A placed pod on `node` that is the replacement of `mover`: same controller, same request, started
+        since `since` (its siblings started before; API timestamps have whole seconds)."""
+        for uid in self.by_node.get(node, ()):
+            entry = self.pods[uid]
+            if (uid != mover and entry.phase not in (Phase.RESERVED, Phase.NOMINATED) and entry.owner == owner
+                    and entry.started >= math.floor(since) and same_request(entry.request, request)):
+                return entry
+        return None
+
+    def replacement_seen(self, entry: PodEntry) -> bool:
+        """A pod another instance placed showed up bound: when it is the replacement a reservation waits for
+        (a standby's mirror of the leader's), the reservation ends before it is accounted. True if so."""
+        if not entry.owner or not self.reservations:
+            return False
+        for r in list(self.reservations.values()):
+            if (r.destination.node == entry.node and r.owner == entry.owner and r.mover != entry.uid
+                    and same_request(r.request, entry.request)):
+                self.replaced[entry.uid] = self.replaced.get(r.mover, r.mover)
+                self.end_reservation(r.uid)
+                return True
+        return False
+
+    def abandon_unstarted(self) -> list[Reservation]:
+        """Adopted reservations whose mover still runs and is not being evicted: the instance that planned
+        them is gone and will not evict it, so nothing will replace it (call when leading)."""
+        unstarted = [r for r in self.reservations.values()
+                     if r.adopted and (e := self.pods.get(r.mover)) is not None and e.evicting_for is None
+                     and e.phase in (Phase.BOUND, Phase.CONFIRMED)]
+        for r in unstarted:
+            log.info("migration for %s: %s was not evicted before the failover; its hold ends", r.blocked,
+                     r.mover_key)
+            self.end_reservation(r.uid)
+        return unstarted
 
     def reservation_for(self, plan: PodPlan) -> Reservation | None:
         """The reservation `plan` replaces a mover of, if any (its controller, its request; the oldest)."""

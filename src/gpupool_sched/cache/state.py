@@ -214,6 +214,7 @@ class ClusterState(Reservations):
         self.pods[uid] = entry
         self._tell(entry)
         self.by_node[node].add(uid)
+        self.replacement_seen(entry)  # a mirrored reservation it fills ends before it is accounted
         self._apply(entry)
         if entry.evicting_for == TERMINATING:
             self._join_adopted(entry)

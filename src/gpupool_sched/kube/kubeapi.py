@@ -243,6 +243,11 @@ class KubeApi:
                 "metadata": {"name": name, "namespace": namespace}, "deleteOptions": options}
         await self.write("POST", _pod_path(namespace, name, "eviction"), body)
 
+    async def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Merge-patch a pod's annotations (None removes one), e.g. a migration's record of its holds."""
+        await self.write("PATCH", path("api", "v1", "namespaces", namespace, "pods", name),
+                         {"metadata": {"annotations": dict(annotations)}}, MERGE_PATCH)
+
     async def set_nominated_node(self, namespace: str, name: str, node: str | None) -> None:
         """status.nominatedNodeName (None clears it), by a merge patch of the status."""
         await self.write("PATCH", _pod_path(namespace, name, "status"), {"status": {"nominatedNodeName": node}},

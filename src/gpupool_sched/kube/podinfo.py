@@ -11,7 +11,7 @@ Unschedulable condition or a status change) takes the plans over instead of pars
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpupool_sched.kube.podspec import ClusterFacts, InvalidPod, PodPlan, plan_pod, pod_revision
@@ -30,8 +30,9 @@ class PodInfo:
     phase: str  # status.phase ("Pending" when absent)
     scheduler_name: str | None
     _revision: Any = _UNSET
-    # strict -> (facts, PriorityClass generation, the plan or why there is none)
-    _plans: dict[bool, tuple[ClusterFacts, int, PodPlan | InvalidPod]] = field(default_factory=dict)
+    # strict -> (facts, PriorityClass generation, the plan or why there is none); made on first use (most
+    # events are of bound pods and are never planned)
+    _plans: dict[bool, tuple[ClusterFacts, int, PodPlan | InvalidPod]] | None = None
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> PodInfo:
@@ -73,7 +74,7 @@ class PodInfo:
     def plan(self, facts: ClusterFacts, classes: Mapping[str, int], classes_generation: int,
              strict: bool = True) -> PodPlan:
         """`plan_pod` of this pod, made once per facts and PriorityClasses; raises `InvalidPod`."""
-        known = self._plans.get(strict)
+        known = self._plans.get(strict) if self._plans else None
         if known is not None and known[0] == facts and known[1] == classes_generation:
             answer = known[2]
         else:
@@ -81,6 +82,8 @@ class PodInfo:
                 answer = plan_pod(self.obj, facts, classes, strict=strict)
             except InvalidPod as exc:
                 answer = exc
+            if self._plans is None:
+                self._plans = {}
             self._plans[strict] = (facts, classes_generation, answer)
         if isinstance(answer, InvalidPod):
             raise InvalidPod(str(answer), permanent=answer.permanent)  # fresh: no traceback piles up

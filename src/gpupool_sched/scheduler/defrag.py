@@ -18,6 +18,8 @@ from gpupool_sched.writer.migrator import REASON, Migrator
 from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder
 
+BUDGET_REFRESH_S = 30.0  # the default budget (1 % of running GPU pods) is recounted this often, not every tick
+
 
 @dataclass
 class Defrag:
@@ -28,6 +30,7 @@ class Defrag:
     metrics: SchedulerMetrics
     due: dict[str, float] = field(default_factory=dict)  # blocked UID -> queue clock when pods may move for it
     started: dict[str, float] = field(default_factory=dict)  # blocked UID -> queue clock of its migration
+    refreshed: float = float("-inf")  # queue clock of the default budget's last count of running GPU pods
 
     @classmethod
     def build(cls, config: DefragConfig, state: ClusterState, budgets: DisruptionBudgets, queue: SchedulingQueue,
@@ -62,8 +65,9 @@ class Defrag:
     def tick(self) -> None:
         """Housekeeping: pods whose wait is over try again; expired reservations end."""
         now = self.queue.clock()
-        if self.movers.config.per_hour is None:
-            self.movers.refresh()
+        if self.movers.config.per_hour is None and now - self.refreshed >= BUDGET_REFRESH_S:
+            self.movers.refresh()  # a pass over every pod: an hourly budget needs no fresher count
+            self.refreshed = now
         for uid in [u for u, at in self.due.items() if at <= now]:
             del self.due[uid]
             self.queue.retry(uid)

@@ -36,6 +36,7 @@ from gpupool_sched.framework.plugins.movers import DefragConfig
 from gpupool_sched.framework.plugins.quotas import QuotaBook, quota_kinds
 from gpupool_sched.framework.plugins.victims import DEFAULT_MAX_CHECKPOINT_GRACE_S, DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, QuotaFreed, SchedulingQueue
+from gpupool_sched.kube import migration_record
 from gpupool_sched.kube.informer import Informers, WatchedKind
 from gpupool_sched.kube.kubeapi import ApiError, KubeApi
 from gpupool_sched.kube.podinfo import PodInfo
@@ -282,15 +283,37 @@ class SchedulerService:
             item = QueuedPod(uid=uid, key=info.key, priority=priority, created=_created(obj), payload=None,
                              revision=info.revision)
             self.queue.add(item)
-            self._follow_nomination(info, priority)
+            movers = self._follow_migration(info)
+            self._follow_nomination(info, priority, movers)
 
-    def _follow_nomination(self, info: PodInfo, priority: int) -> None:
+    def _follow_migration(self, info: PodInfo) -> frozenset[str]:
+        """Mirror the holds of a migration another instance (or this process before a restart) carried out
+        for this pod (its `gpupool.io/migration` record): each mover's destination stays held for its
+        replacement. Returns the movers' UIDs (the pod's adopted nomination holds what they free)."""
+        if info.uid in self.defrag.started:
+            return frozenset()  # ours: the state holds it already
+        try:
+            record = migration_record.record_of(info.obj)
+        except ValueError as exc:
+            log.warning("pod %s: %s", info.key, exc)
+            return frozenset()
+        if record is None:
+            return frozenset()
+        deadline = self.state.clock() + (record.until - time.time())
+        for move in record.moves:
+            self.state.adopt_reservation(info.uid, move, record.at, deadline)
+        return frozenset(m.mover for m in record.moves)
+
+    def _follow_nomination(self, info: PodInfo, priority: int, movers: frozenset[str] = frozenset()) -> None:
         """Mirror a nomination another instance made (status.nominatedNodeName): a standby holds what the
-        leader's victims free, so a failover does not hand that room to lower priorities or preempt again."""
+        leader's victims (or a migration's movers, whatever their priority) free, so a failover does not
+        hand that room to lower priorities or preempt again."""
         node = (info.obj.get("status") or {}).get("nominatedNodeName")
         if isinstance(node, str) and node:
-            self.state.adopt_nomination(info.uid, info.key, node, priority, self.cycle.hold_s,
-                                        reclaims=self.quotas.reclaimable_by(info))
+            quota = self.quotas.reclaimable_by(info)
+            reclaims = quota if not movers else (
+                lambda e: e.uid in movers or (quota is not None and quota(e)))
+            self.state.adopt_nomination(info.uid, info.key, node, priority, self.cycle.hold_s, reclaims=reclaims)
         elif self.state.drop_adopted(info.uid):
             self.queue.on_event(ClusterEvent.GPU_FREED)
 
@@ -356,6 +379,8 @@ class SchedulerService:
                 self._verify_unconfirmed()
                 self._expire_nominations()
                 self.defrag.tick()
+                if self.leader.is_leader and self.state.abandon_unstarted():
+                    self.queue.on_event(ClusterEvent.GPU_FREED)  # a failed-over plan's unevicted movers stay
                 self.gang_upkeep.write_status()
                 self.gang_upkeep.release_broken()
                 if self.leader.is_leader:

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from typing import Any
 
 from gpupool_sched.cache.entries import CHECKPOINT_GRACE
 from gpupool_sched.cache.reservations import reservation_uid
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.plugins.victims import asks, checkpoint_grace_s
 from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
+from gpupool_sched.kube import migration_record
 from gpupool_sched.kube.kubeapi import ApiError
+from gpupool_sched.kube.migration_record import MIGRATION_ANNOTATION, MigrationRecord, RecordedMove
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.placement.consolidation import Consolidation, Move
@@ -52,16 +56,36 @@ class Migrator:
         self.metrics.migrations.labels(reason=REASON, result="planned").inc(len(targets))
         log.info("pod %s: moving %d pod(s) off %s: %s", plan.key, len(targets), migration.node,
                  ", ".join(f"{t.namespace}/{t.name} -> {m.destination.node}" for m, t in targets))
-        task = asyncio.get_running_loop().create_task(self._run(plan, migration, targets))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._run(plan, migration, targets))
 
     async def drain(self) -> None:
         while self._tasks:
             await asyncio.wait(set(self._tasks))
 
+    def record(self, migration: Consolidation) -> MigrationRecord:
+        """What the state holds for `migration`, as the blocked pod's annotation carries it."""
+        moves, deadline = [], 0.0
+        for move in migration.moves:
+            reservation = self.state.reservations.get(reservation_uid(move.pod.uid))
+            entry = self.state.pods.get(move.pod.uid)
+            if reservation is None or entry is None:
+                continue
+            deadline = max(deadline, reservation.deadline)
+            moves.append(RecordedMove(move.pod.uid, entry.key, entry.owner, entry.request, move.destination))
+        now = time.time()
+        return MigrationRecord(migration.node, now, now + max(0.0, deadline - self.state.clock()), tuple(moves))
+
     async def _run(self, plan: PodPlan, migration: Consolidation, targets: list[tuple[Move, Target]]) -> None:
         api = self.preemptor.api
+        try:  # the holds first, where a standby and the next leader read them, then the nomination
+            await api.annotate_pod(plan.namespace, plan.name,
+                                   {MIGRATION_ANNOTATION: migration_record.encode(self.record(migration))})
+        except ApiError as exc:
+            if exc.status == 404:  # the blocked pod is gone: move nobody
+                self._stop(plan, [t for _, t in targets], "abandoned", None)
+                return
+            log.warning("pod %s: recording the migration's holds failed (%s); a failover would lose them",
+                        plan.key, exc)
         try:
             await api.set_nominated_node(plan.namespace, plan.name, migration.node)
         except ApiError as exc:
@@ -115,4 +139,17 @@ class Migrator:
                              f"Moving pods stopped: evicting {remaining[0].namespace}/{remaining[0].name} "
                              f"failed: {blocked}")
         self.preemptor.clear(plan.namespace, plan.name)
+        self._spawn(self._forget_record(plan))
         self.queue.retry(plan.uid)
+
+    async def _forget_record(self, plan: PodPlan) -> None:
+        """The migration stopped: its record goes too, so that no standby keeps holding for it."""
+        try:
+            await self.preemptor.api.annotate_pod(plan.namespace, plan.name, {MIGRATION_ANNOTATION: None})
+        except ApiError as exc:
+            log.info("pod %s: removing the migration record failed (%s); its holds expire", plan.key, exc)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -73,7 +73,7 @@ class Movers:
         self.refresh()
 
     def refresh(self) -> None:
-        """Count the running GPU pods (housekeeping, once a second: not on every decision)."""
+        """Count the running GPU pods (housekeeping, every `BUDGET_REFRESH_S`: not on every decision)."""
         self.gpu_pods = sum(1 for e in self.state.running() if _holds_gpus(e))
 
     def _track(self, entry: PodEntry) -> None:
