@@ -5,7 +5,9 @@ no GPU has room for a 35-unit pod though the pool has 272 units free. The servic
 destination is reserved before the eviction, the blocked pod is nominated where it leaves, both sides
 get Events; the ReplicaSet's replacement lands on the reservation and the blocked pod on the freed GPU.
 The API server is the HTTP stand-in (tests/support/apiserver.py): what the service writes is recorded.
-The same story on the real control plane with kube-controller-manager: tests/e2e/test_defrag.py."""
+The same story on the real control plane with kube-controller-manager: tests/e2e/test_defrag.py.
+A Job's pods move the same way when the Job's podFailurePolicy ignores DisruptionTarget first, and not
+otherwise (the rule itself: tests/scheduler/test_movable_jobs.py)."""
 
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
 from gpupool_common.handshake import AllocationAck, ack_annotations
 from gpupool_sched.cache.entries import Phase
 from gpupool_sched.cache.reservations import reservation_uid, same_request
-from gpupool_sched.framework.plugins.movers import DefragConfig
+from gpupool_sched.framework.plugins.movers import JOBS, DefragConfig
 from gpupool_sched.kube import migration_record
 from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
 from tests.support.apiserver import NODES, PODS, ApiServer, serving
@@ -32,6 +36,12 @@ _names = itertools.count()
 def owned(obj: dict[str, Any], owner: str = "tenants") -> dict[str, Any]:
     obj["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner,
                                            "uid": f"rs-{owner}", "controller": True}]
+    return obj
+
+
+def job_owned(obj: dict[str, Any], uid: str = "job-train") -> dict[str, Any]:
+    obj["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": uid,
+                                           "controller": True}]
     return obj
 
 
@@ -48,7 +58,7 @@ def tenant(service: SchedulerService, node: str, gpu: int, units: int = 10, owne
 
 async def with_service(test: Callable[[SchedulerService, ApiServer], Awaitable[None]], **defrag: Any) -> None:
     async with serving() as (server, api):
-        for path in (PDBS, PRIORITY_CLASSES, "/api/v1/namespaces"):
+        for path in (PDBS, PRIORITY_CLASSES, "/api/v1/namespaces", JOBS):
             server.objects[path] = {}
         config = SchedulerConfig(defrag=DefragConfig(**{"after_s": 0.0, "min_runtime_s": 0.0, **defrag}))
         service = SchedulerService(config, api)
@@ -364,3 +374,72 @@ def test_a_standby_mirrors_the_holds_and_lets_go_when_the_replacement_is_bound()
 
     asyncio.run(with_service(test))
 
+
+IGNORE_DISRUPTION = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+FAIL_ON_ERRORS = {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "NotIn", "values": [0]}}
+
+
+async def seed_job(service: SchedulerService, server: ApiServer, rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The seed case with a Job's eight pods for tenants; the Job (with `rules` for its podFailurePolicy,
+    none when empty) comes in through the service's LIST of the kinds it watches."""
+    spec: dict[str, Any] = {"template": {"spec": {"restartPolicy": "Never"}}}
+    if rules:
+        spec["podFailurePolicy"] = {"rules": rules}
+    server.put(JOBS, {"apiVersion": "batch/v1", "kind": "Job", "spec": spec,
+                      "metadata": {"namespace": "ns", "name": "train", "uid": "job-train"}})
+    await service.resync()
+    for name in ("n1", "n2"):
+        service.on_node("ADDED", server.put(NODES, node_obj(name)))
+    return [add(service, server, job_owned(tenant(service, node, gpu, owner="train")))
+            for node in ("n1", "n2") for gpu in range(4)]
+
+
+def test_a_jobs_pod_moves_when_its_job_ignores_disruptions() -> None:
+    """A Job whose podFailurePolicy ignores DisruptionTarget makes a new pod for an evicted one and counts
+    nothing against it: its pods move as a ReplicaSet's do, and its replacement takes the held destination."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        tenants = await seed_job(service, server, [IGNORE_DISRUPTION, FAIL_ON_ERRORS])
+        big = add(service, server, pod_obj("big", units=35))
+        await run_queue(service, rounds=5)
+
+        moved = evictions(server)
+        assert len(moved) == 1, server.written
+        mover = next(t for t in tenants if t["metadata"]["name"] == moved[0])
+        mover_uid = mover["metadata"]["uid"]
+        reservation = service.state.reservations[reservation_uid(mover_uid)]
+        assert service.state.nominations[big["metadata"]["uid"]].node == mover["spec"]["nodeName"]
+        assert len(events(server, "Consolidating")) == 1 and len(events(server, "Moved")) == 1
+
+        # the evicted pod fails; the Job ignores it and makes a new pod of the same shape
+        server.delete(PODS, mover)
+        gone = copy.deepcopy(mover)
+        gone["metadata"]["resourceVersion"] = server.version()
+        service.on_pod("DELETED", gone)
+        add(service, server, job_owned(pod_obj("train-new", units=10)))
+        await run_queue(service, rounds=60, until=lambda: len(server.bindings) == 2)
+        bound = dict(server.bindings)
+        assert bound["ns/big"] == mover["spec"]["nodeName"]
+        assert bound["ns/train-new"] == reservation.destination.node
+        assert not service.state.reservations
+        value = service.metrics.registry.get_sample_value
+        assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "replaced"}) == 1
+
+    asyncio.run(with_service(test))
+
+
+@pytest.mark.parametrize("rules", [
+    pytest.param([], id="no-pod-failure-policy"),
+    # the evicted pod's exit code (143 after SIGTERM) would fail the Job before the Ignore rule is reached
+    pytest.param([FAIL_ON_ERRORS, IGNORE_DISRUPTION], id="failjob-on-exit-codes-first"),
+])
+def test_a_jobs_pod_stays_when_its_job_does_not_ignore_disruptions(rules: list[dict[str, Any]]) -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        await seed_job(service, server, rules)
+        big = add(service, server, pod_obj("big", units=35))
+        await run_queue(service, rounds=3)
+        assert evictions(server) == [] and not service.state.reservations
+        assert big["metadata"]["uid"] not in service.state.pods and not service.defrag.due
+        assert events(server, "FailedScheduling") and not events(server, "Consolidating")
+        assert all(e.phase is Phase.CONFIRMED and e.evicting_for is None for e in service.state.pods.values())
+
+    asyncio.run(with_service(test))

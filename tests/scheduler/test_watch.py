@@ -9,6 +9,7 @@ import kopf
 import pytest
 from kubernetes import client
 
+from gpupool_sched.framework.plugins.movers import DefragConfig
 from gpupool_sched.kube.kubeapi import KubeApi
 from gpupool_sched.kube.watch import NoDiffBase, build_registry
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
@@ -26,11 +27,21 @@ def test_watch_handlers_are_coroutines(service: SchedulerService) -> None:
     registry = build_registry(service)
     handlers = list(registry._watching.get_all_handlers())
     assert {h.selector.any_name for h in handlers if h.selector is not None} == {
-        "pods", "nodes", "priorityclasses", "poddisruptionbudgets", "podgroups", "gpuquotas", "namespaces"}
+        "pods", "nodes", "priorityclasses", "poddisruptionbudgets", "podgroups", "gpuquotas", "namespaces", "jobs"}
     for h in handlers:
         assert inspect.iscoroutinefunction(h.fn), f"{h.id} would run on kopf's thread pool"
     assert not list(registry._changing.get_all_handlers()), "on.create/update/delete store state on objects"
     assert not list(registry._spawning.get_all_handlers()), "daemons and timers store state on objects"
+
+
+def test_jobs_are_watched_only_while_defragmentation_is_on() -> None:
+    """Only the consolidate action reads Jobs (whether their pods may move): with `--defrag off` the
+    scheduler neither lists nor watches them (and the chart grants nothing on them)."""
+    off = SchedulerService(SchedulerConfig(defrag=DefragConfig(enabled=False)),
+                           KubeApi(client.ApiClient(client.Configuration())))
+    assert "jobs" not in off.informers.kinds
+    handlers = list(build_registry(off)._watching.get_all_handlers())
+    assert "jobs" not in {h.selector.any_name for h in handlers if h.selector is not None}
 
 
 def test_startup_drops_kopfs_diff_base(service: SchedulerService) -> None:

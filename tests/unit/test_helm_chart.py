@@ -163,6 +163,19 @@ def test_the_defrag_values_reach_the_schedulers_flags() -> None:
             args.defrag_cooldown) == ("off", 5.0, 0.0, 3, 2, 60.0)
 
 
+def test_jobs_are_read_only_while_the_scheduler_defragments() -> None:
+    """The scheduler lists and watches batch Jobs only with --defrag on (a Job's podFailurePolicy says
+    whether its pods may move); the chart grants them only then, and never for the extender alone."""
+    def grants_jobs(docs: list[dict[str, Any]]) -> bool:
+        role = by_kind(docs, "ClusterRole")["rel-gpupool-scheduler"]
+        return any("batch" in r["apiGroups"] and "jobs" in r["resources"] and r["verbs"] == ["list", "watch"]
+                   for r in role["rules"])
+
+    assert grants_jobs(render())
+    assert not grants_jobs(render("--set", "scheduler.defrag.enabled=false"))
+    assert not grants_jobs(render("--set", "scheduler.enabled=false", "--set", "extender.enabled=true"))
+
+
 def test_the_plugin_config_listens_on_all_addresses_and_its_default_on_loopback() -> None:
     from gpupool_deviceplugin.config import parse_config
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpupool_common.handshake import Assignment, HandshakeError, parse_ack, parse_assignment
 from gpupool_sched.kube.podinfo import PodInfo
-from gpupool_sched.kube.podspec import PodPlan, controller_of
+from gpupool_sched.kube.podspec import PodPlan, controller_of, controller_ref, controlling_job
 from gpupool_sched.model.cluster import NodeSpec
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
@@ -67,6 +67,7 @@ class PodEntry:
     uncertain: bool = False  # its Binding's outcome is unknown (answer lost, or never seen bound): being read
     owner: str = ""  # its controller, "Kind/namespace/name" (kube/podspec.controller_of; "" for a bare pod)
     movable: bool | None = None  # gpupool.io/movable: True / False when the pod says so, else None
+    job: str = ""  # UID of the batch/v1 Job that controls it ("" when none): its podFailurePolicy decides movable
 
 
 @dataclass(slots=True)
@@ -119,7 +120,9 @@ def describe(entry: PodEntry, obj: Mapping[str, Any]) -> None:
     entry.grace_s = checkpoint_grace(meta.get("annotations"))
     entry.pod_grace_s = seconds((obj.get("spec") or {}).get("terminationGracePeriodSeconds"))
     entry.deletion_grace_s = seconds(meta.get("deletionGracePeriodSeconds"))
-    entry.owner = controller_of(meta)
+    ref = controller_ref(meta)
+    entry.owner = controller_of(meta, ref) if ref is not None else ""
+    entry.job = controlling_job(ref)
     said = (meta.get("annotations") or {}).get(MOVABLE) if isinstance(meta.get("annotations"), Mapping) else None
     entry.movable = True if said == "true" else False if said == "false" else None
     if meta.get("deletionTimestamp") and entry.evicting_for is None:

@@ -183,7 +183,10 @@ class ClusterState(Reservations):
             entry.uncertain = False
             entry.resource_version = rv
             entry.pending = pending
+            said = (entry.owner, entry.movable, entry.job)
             describe(entry, obj)
+            if (entry.owner, entry.movable, entry.job) != said:
+                self._tell(entry)  # who may move it is read from these (an assumed entry knew only its owner)
             if entry.evicting_for == TERMINATING:
                 self._join_adopted(entry)
             if acked:

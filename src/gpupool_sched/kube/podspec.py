@@ -179,18 +179,35 @@ def plan_pod(
     )
 
 
-def controller_of(meta: Mapping[str, Any]) -> str:
-    """``Kind/namespace/name`` of the ownerReference marked ``controller: true`` ("" when none or malformed):
-    what recreates the pod when it is evicted (a ReplicaSet, a StatefulSet, a Job)."""
+def controller_ref(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The first ownerReference marked ``controller: true`` with a kind and a name (None when none)."""
     refs = meta.get("ownerReferences")
     if not isinstance(refs, list):
-        return ""
+        return None
     for ref in refs:
         if isinstance(ref, Mapping) and ref.get("controller") is True:
             kind, name = ref.get("kind"), ref.get("name")
             if isinstance(kind, str) and isinstance(name, str) and kind and name:
-                return f"{kind}/{meta.get('namespace') or 'default'}/{name}"
-    return ""
+                return ref
+    return None
+
+
+def controller_of(meta: Mapping[str, Any], ref: Mapping[str, Any] | None = None) -> str:
+    """``Kind/namespace/name`` of the ownerReference marked ``controller: true`` ("" when none or malformed):
+    what recreates the pod when it is evicted (a ReplicaSet, a StatefulSet, a Job). `ref`: that reference,
+    when the caller has it already (`controller_ref`)."""
+    ref = controller_ref(meta) if ref is None else ref
+    if ref is None:
+        return ""
+    return f"{ref['kind']}/{meta.get('namespace') or 'default'}/{ref['name']}"
+
+
+def controlling_job(ref: Mapping[str, Any] | None) -> str:
+    """The UID of the batch/v1 Job a controller reference (`controller_ref`) names, "" when it names none."""
+    if ref is None or ref.get("kind") != "Job" or ref.get("apiVersion") != "batch/v1":
+        return ""
+    uid = ref.get("uid")
+    return uid if isinstance(uid, str) else ""
 
 
 def _shapes(whole: int, share_mib: int, mig: Mapping[str, int]) -> list[GpuShape]:

@@ -1,6 +1,6 @@
 """The scheduler service: watch → state (ledger) → queue → cycle (placement core) → binder → events.
 
-    kopf on.event (pods, nodes, PriorityClasses, PodDisruptionBudgets)
+    kopf on.event (pods, nodes, PriorityClasses, PodDisruptionBudgets, ..., Jobs while defrag is on)
           │
           ▼
     ClusterState ──(facts, snapshot)──▶ Cycle: decide() ──▶ Statement ──▶ Binder: gate → Binding
@@ -32,7 +32,7 @@ from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.cache.sync import caches_ready, initial_sync, stop_syncing
 from gpupool_sched.framework.cycle import Cycle
 from gpupool_sched.framework.plugins.gangs import PODGROUPS, Gangs
-from gpupool_sched.framework.plugins.movers import DefragConfig
+from gpupool_sched.framework.plugins.movers import DefragConfig, job_kind
 from gpupool_sched.framework.plugins.quotas import QuotaBook, quota_kinds
 from gpupool_sched.framework.plugins.victims import DEFAULT_MAX_CHECKPOINT_GRACE_S, DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, QuotaFreed, SchedulingQueue
@@ -152,12 +152,12 @@ class SchedulerService:
         self.gangs = Gangs()
         self.quotas = QuotaBook(self.state, self.metrics.registry)
         self.quotas.on_freed = lambda quota: self.queue.on_event(QuotaFreed(quota))  # over-quota pods: wake_hints
+        self.defrag = Defrag.build(config.defrag, self.state, self.budgets, self.queue, self.preemptor,
+                                   self.metrics, self.recorder)
         self.informers = Informers(api, self._watched_kinds(), registry=self.metrics.registry,
                                    consistency_check_s=config.consistency_check_s)
         self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
         self.decisions = 0
-        self.defrag = Defrag.build(config.defrag, self.state, self.budgets, self.queue, self.preemptor,
-                                   self.metrics, self.recorder)
         self.scheduling = Scheduling(self.state, self.queue, self.cycle, self.quotas, self.gangs, self.budgets,
                                      self.binder, self.preemptor, self.recorder, self.metrics, self._pending,
                                      self.policies.observe, self.defrag)
@@ -190,8 +190,8 @@ class SchedulerService:
                  len(self.queue))
 
     async def resync(self) -> None:
-        """LIST every watched kind into the state, in dependency order (classes, budgets, groups and
-        quotas before the pods that name them; nodes before their pods)."""
+        """LIST every watched kind into the state, in dependency order (classes, budgets, groups, quotas
+        and Jobs before the pods that name them; nodes before their pods)."""
         await initial_sync(self.informers)
 
     def _watched_kinds(self) -> list[WatchedKind]:
@@ -219,6 +219,8 @@ class SchedulerService:
             WatchedKind("podgroups", PODGROUPS, self.on_pod_group, on_error=no_pod_groups,
                         on_listed=groups_served),
             *quota_kinds(self.quotas, quota_changed),
+            # which Jobs tolerate a disruption (their pods may move): only the consolidate action asks
+            *([job_kind(self.defrag.movers)] if self.config.defrag.enabled else []),
             WatchedKind("nodes", "/api/v1/nodes", self.on_node),
             WatchedKind("pods", "/api/v1/pods", self.on_pod),
         ]

@@ -1,12 +1,16 @@
 """Who may be moved to defragment, and when (the consolidate action's plugin; docs/defragmentation.md).
 
 A pod is movable when something recreates it or it says it may go: owned by a ReplicaSet (a Deployment's)
-or a StatefulSet, or annotated `gpupool.io/movable: "true"`. Never: `gpupool.io/movable: "false"`, a bare
-pod without the annotation, a Job's pod without it (whether its Job tolerates a disruption is the Job's
-podFailurePolicy, which the scheduler does not read), a pod younger than `min_runtime_s`, a gang member
-(a gang moves whole or not at all; not planned yet), a pod a PodDisruptionBudget protects now, a pod
-being evicted, and a pod (or a replacement of it) moved within `cooldown_s`. Only pods that hold GPUs
-are candidates: moving a CPU-only pod frees no GPU.
+or a StatefulSet; owned by a batch/v1 Job whose podFailurePolicy ignores the disruption (`tolerates_disruption`:
+the Job does not fail or count the evicted pod, and makes a new one); or annotated `gpupool.io/movable: "true"`.
+Never: `gpupool.io/movable: "false"` (the annotation wins either way), a bare pod without the annotation, a
+Job's pod whose Job does not tolerate a disruption (or is not known: the Jobs are watched only while the
+action is on), a pod younger than `min_runtime_s`, a gang member (a gang moves whole or not at all; not
+planned yet), a pod a PodDisruptionBudget protects now, a pod being evicted, and a pod (or a replacement of
+it) moved within `cooldown_s`. Only pods that hold GPUs are candidates: moving a CPU-only pod frees no GPU.
+
+The movable pods are kept in a set by a ledger watcher (`Movers._track`), with the Job-owned ones indexed
+by their Job, so that a Job that appears or goes re-judges its own pods only.
 
 Budgets that stop storms: a pod waits `after_s` before anything moves for it; at most `per_hour` moves
 in the last hour cluster-wide (default 1 % of the running GPU pods, at least 1); at most one migration
@@ -14,20 +18,28 @@ at a time per node (`ClusterState.migrating_nodes`, asked by the action)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpupool_sched.cache.entries import Phase, PodEntry
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.plugins.gangs import POD_GROUP_LABEL
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets
+from gpupool_sched.kube.informer import WatchedKind
+from gpupool_sched.kube.kubeapi import ApiError
 from gpupool_sched.placement.consolidation import DEFAULT_MAX_MOVERS, Movable
 from gpupool_sched.placement.preemption import RunningPod
 
+log = logging.getLogger(__name__)
+
 RECREATING_KINDS = ("ReplicaSet", "StatefulSet")
+JOBS = "/apis/batch/v1/jobs"
+DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition an eviction (the Eviction API) adds
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +60,46 @@ class DefragConfig:
             raise ValueError(f"--defrag-budget must not be negative, got {self.per_hour}")
 
 
-def movable_kind(entry: PodEntry) -> bool:
-    """The pod says it may move, or its controller recreates it (and it does not say no)."""
+def tolerates_disruption(job: Mapping[str, Any]) -> bool:
+    """Whether a Job takes the eviction of one of its pods in its stride: its `spec.podFailurePolicy` has an
+    `action: Ignore` rule whose `onPodConditions` holds `{type: DisruptionTarget}` with status True (the
+    default; "False" or "Unknown" does not match an evicted pod), and every rule before it is an Ignore rule
+    too. The Job controller takes the FIRST rule that matches a failed pod; an evicted pod has the
+    DisruptionTarget condition, but its containers also exit with whatever code the workload gives on
+    SIGTERM (143 by default, 137 when killed after the grace period, anything when it handles the signal),
+    so a FailJob, FailIndex or Count rule on exit codes before it (`NotIn [0]`, or `In [42]` as in the
+    Kubernetes documentation's example) may match first and fail the Job or count the pod against its
+    backoffLimit; so may a rule on other pod conditions (Ready False). Such a Job's pods do not move: put
+    the Ignore rule first. Anything malformed counts as not tolerating."""
+    spec = job.get("spec")
+    policy = spec.get("podFailurePolicy") if isinstance(spec, Mapping) else None
+    rules = policy.get("rules") if isinstance(policy, Mapping) else None
+    if not isinstance(rules, list):
+        return False
+    for rule in rules:
+        if not isinstance(rule, Mapping) or rule.get("action") != "Ignore":
+            return False  # a rule that is not Ignore could match the evicted pod first
+        if _on_disruption(rule):
+            return True
+    return False
+
+
+def _on_disruption(rule: Mapping[str, Any]) -> bool:
+    """The rule's pod conditions match an evicted pod's DisruptionTarget=True."""
+    patterns = rule.get("onPodConditions")
+    if not isinstance(patterns, list) or rule.get("onExitCodes") is not None:
+        return False
+    return any(isinstance(p, Mapping) and p.get("type") == DISRUPTION_TARGET and p.get("status") in (None, "", "True")
+               for p in patterns)
+
+
+def movable_kind(entry: PodEntry, tolerant_jobs: Collection[str] = ()) -> bool:
+    """The pod says it may move, or its controller recreates it (and it does not say no): a ReplicaSet, a
+    StatefulSet, or a Job in `tolerant_jobs` (UIDs of the Jobs that `tolerates_disruption`)."""
     if entry.movable is not None:
         return entry.movable
+    if entry.job:
+        return entry.job in tolerant_jobs
     return entry.owner.partition("/")[0] in RECREATING_KINDS
 
 
@@ -65,10 +113,14 @@ class Movers:
     moves: deque[float] = field(default_factory=deque)  # clock of every move in the last hour
     moved: dict[str, float] = field(default_factory=dict)  # lineage (first UID) -> clock of its last move
     movable: set[str] = field(default_factory=set)  # ledger entries of a movable kind (kept by a watcher)
+    tolerant_jobs: set[str] = field(default_factory=set)  # UIDs of the Jobs that tolerate a disruption (the watch)
+    job_pods: dict[str, set[str]] = field(default_factory=dict)  # Job UID -> its pods in the ledger
+    pod_job: dict[str, str] = field(default_factory=dict)  # ledger UID -> the Job it is indexed under
     gpu_pods: int = 0  # running pods holding GPUs, as of the last `refresh` (the default budget's base)
 
     def __post_init__(self) -> None:
-        self.movable.update(uid for uid, e in self.state.pods.items() if movable_kind(e))
+        for entry in list(self.state.pods.values()):
+            self._track(entry)
         self.state.watchers.append(self._track)
         self.refresh()
 
@@ -79,10 +131,45 @@ class Movers:
     def _track(self, entry: PodEntry) -> None:
         """A ledger entry joined, left or changed: candidates are looked for among the movable ones only
         (a cluster of bare pods costs nothing however many pods wait)."""
-        if entry.uid in self.state.pods and movable_kind(entry):
+        present = entry.uid in self.state.pods
+        self._index(entry.uid, entry.job if present else "")
+        if present and movable_kind(entry, self.tolerant_jobs):
             self.movable.add(entry.uid)
         else:
             self.movable.discard(entry.uid)
+
+    def _index(self, uid: str, job: str) -> None:
+        """File the ledger entry `uid` under its Job (`job`; "": none, or it left the ledger)."""
+        before = self.pod_job.get(uid, "")
+        if before == job:
+            return
+        if before:
+            pods = self.job_pods[before]
+            pods.discard(uid)
+            if not pods:
+                del self.job_pods[before]
+            del self.pod_job[uid]
+        if job:
+            self.job_pods.setdefault(job, set()).add(uid)
+            self.pod_job[uid] = job
+
+    def on_job(self, kind: str | None, obj: Mapping[str, Any]) -> None:
+        """A Job's watch event: when whether it tolerates a disruption changed (it appeared or went; its
+        podFailurePolicy cannot change), its pods in the ledger are judged again."""
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not isinstance(uid, str) or not uid:
+            return
+        tolerant = kind != "DELETED" and tolerates_disruption(obj)
+        if tolerant == (uid in self.tolerant_jobs):
+            return
+        if tolerant:
+            self.tolerant_jobs.add(uid)
+        else:
+            self.tolerant_jobs.discard(uid)
+        for pod in list(self.job_pods.get(uid, ())):
+            entry = self.state.pods.get(pod)
+            if entry is not None:
+                self._track(entry)
 
     def any_movable(self, priority: int) -> bool:
         """Cheap: some pod of a movable kind and no higher priority than `priority` holds a GPU now."""
@@ -122,7 +209,7 @@ class Movers:
             entry = self.state.pods.get(uid)
             if (entry is None or entry.phase not in (Phase.BOUND, Phase.CONFIRMED) or entry.evicting_for is not None
                     or not entry.applied or entry.request.priority > priority or not _holds_gpus(entry)
-                    or not movable_kind(entry)
+                    or not movable_kind(entry, self.tolerant_jobs)
                     or POD_GROUP_LABEL in entry.labels or entry.started <= 0
                     or now_wall - entry.started < self.config.min_runtime_s):
                 continue
@@ -147,6 +234,19 @@ class Movers:
         cutoff = now - max(self.config.cooldown_s, 3600.0)
         for lineage in [k for k, at in self.moved.items() if at < cutoff]:
             del self.moved[lineage]
+
+
+def job_kind(movers: Movers) -> WatchedKind:
+    """The Jobs (batch/v1) `movers` follows, as a watched kind: whether each tolerates a disruption. A
+    refused LIST (a ClusterRole without batch jobs) is a warning: Jobs' pods then move only with the
+    annotation."""
+
+    def list_failed(exc: ApiError) -> bool:
+        log.warning("listing Jobs failed (%s): a Job's pods move to defragment only with gpupool.io/movable",
+                    exc)
+        return True
+
+    return WatchedKind("jobs", JOBS, movers.on_job, on_error=list_failed)
 
 
 def _holds_gpus(entry: PodEntry) -> bool:
