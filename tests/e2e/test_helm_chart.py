@@ -63,6 +63,14 @@ NOT_EXERCISED: dict[str, dict[tuple[str, str, str], str]] = {
         # the count of a FailedScheduling repeated a minute or more after it was posted;
         # proven against a real HTTP server in tests/scheduler/test_recorder.py
         ("", "events", "patch"): "repeated FailedScheduling count",
+        # make-before-break migration only (gpupool.io/migrate: surge): a mover's ReplicaSet and Deployment,
+        # the namespace's HPAs, the Deployment's scale, the deletion cost of the pod that goes; proven in
+        # tests/scheduler/test_defrag.py and tests/e2e/test_defrag.py
+        ("apps", "replicasets", "get"): "surge: the ReplicaSet's Deployment",
+        ("apps", "deployments", "get"): "surge: the Deployment's annotation and rollout",
+        ("apps", "deployments/scale", "patch"): "surge: one replica more, and back",
+        ("autoscaling", "horizontalpodautoscalers", "list"): "surge: an HPA owns the count",
+        ("", "pods", "patch"): "surge: controller.kubernetes.io/pod-deletion-cost",
     },
     "deviceplugin": {},
 }
