@@ -85,10 +85,12 @@ class SchedulerMetrics:
             self.preemption_victims.labels(reason=reason)
         self.migrations = Counter(
             "gpupool_scheduler_migrations", "Pods moved to defragment, by reason (blocked: for a pod that fit "
-            "nowhere) and result (planned: destination held, eviction to be sent; evicted; replaced: its "
-            "replacement placed on the held destination; failed: the eviction was refused; abandoned: the pod "
-            "it moved for went away first)", ["reason", "result"], registry=r)
-        for result in ("planned", "evicted", "replaced", "failed", "abandoned"):
+            "nowhere) and result (planned: destination held, eviction or surge to be sent; evicted; surged: "
+            "moved make-before-break, its new replica Ready; replaced: its replacement placed on the held "
+            "destination; failed: the eviction or a scale was refused; rolled_back: a surge undone, its new "
+            "replica not Ready in time; refused: not surged, an HPA scales its Deployment or a rollout was under "
+            "way; abandoned: the pod it moved for went away first)", ["reason", "result"], registry=r)
+        for result in ("planned", "evicted", "surged", "replaced", "failed", "rolled_back", "refused", "abandoned"):
             self.migrations.labels(reason="blocked", result=result)
         self.migration_duration = Histogram(
             "gpupool_scheduler_migration_duration_seconds",

@@ -7,10 +7,16 @@ the Eviction API, its ReplicaSet recreates it, the replacement lands on the rese
 on the freed one. Every pod then runs with at most 3 moves, the Events tell the story, the assignment
 annotations show no GPU oversubscribed, and a minute more moves nothing (no allocation/eviction loop).
 Without the action (`--defrag off`) the big pod would wait: the scheduler service's own test of that is
-tests/scheduler/test_defrag.py."""
+tests/scheduler/test_defrag.py.
+
+Make-before-break (`gpupool.io/migrate: surge` on the Deployment): the same seed case moves the tenant by a
++1 replica that becomes Ready before the tenant goes, the Deployment's readyReplicas sampled every 200 ms
+never below its spec; with an HPA on the Deployment the scheduler leaves its count alone."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -61,24 +67,25 @@ def _moves(kube: ClusterClient, namespace: str) -> list[dict[str, Any]]:
     return [{"name": e.involved_object.name, "message": e.message} for e in items]
 
 
-def fragmented_pool(kube: ClusterClient, namespace: str, scheduler: str, *,
-                    annotations: dict[str, str] | None = None, grace_s: int = 0) -> tuple[str, list[str]]:
-    """Two l40s nodes (8 GPUs of 44 units) with the 8 replicas of the `tenants` Deployment (10 units) one
-    per GPU: bare 34-unit fillers take a GPU each first (two never share one), the tenants go where 10
-    units are left, then the fillers go. `annotations` and `grace_s`: the tenants' (kwok's
-    `gpupool.io/stop-takes` keeps an evicted tenant terminating that long, with a grace period above it)."""
+def fragmented_pool(kube: ClusterClient, namespace: str, scheduler: str, annotations: dict[str, str] | None = None,
+                    pod_annotations: dict[str, str] | None = None, *, grace_s: int = 0) -> tuple[str, list[str]]:
+    """Two l40s nodes (8 GPUs of 44 units) with the 8 replicas of the `tenants` Deployment (10 units; its
+    `annotations`, its pods' `pod_annotations` and grace period `grace_s`) one per GPU: bare 34-unit fillers
+    take a GPU each first (two never share one), the tenants go where 10 units are left, then the fillers
+    go. (kwok's `gpupool.io/stop-takes` pod annotation keeps an evicted tenant terminating that long.)"""
     apps = client.AppsV1Api(kube.api_client)
     pool = unique("defrag")
     nodes = add_pool_nodes(kube, pool, "l40s-pcie", 2)
     for i in range(8):
         kube.core.create_namespaced_pod(namespace, pod(f"filler-{i}", scheduler, pool, units=34))
     wait_until(lambda: sum(1 for p in list_pods(kube, namespace) if _bound(p)) == 8, 60, "8 fillers bound")
-    template = pod("unused", scheduler, pool, units=10, labels={"app": "tenants"}, annotations=annotations)
+    template = pod("unused", scheduler, pool, units=10, labels={"app": "tenants"}, annotations=pod_annotations)
     template["spec"]["restartPolicy"] = "Always"
     template["spec"]["terminationGracePeriodSeconds"] = grace_s
     del template["metadata"]["name"]
     apps.create_namespaced_deployment(namespace, {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "tenants"},
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "tenants", "annotations": dict(annotations or {})},
         "spec": {"replicas": 8, "selector": {"matchLabels": {"app": "tenants"}},
                  "template": {"metadata": template["metadata"], "spec": template["spec"]}}})
     wait_until(lambda: len([p for p in _tenants(kube, namespace) if _bound(p)]) == 8, 90, "8 tenants bound")
@@ -195,7 +202,7 @@ def test_the_leader_killed_mid_migration_the_new_one_finishes_it_with_the_same_h
         second = start_scheduler(kube, name, log_dir, *flags, "--identity", "replica-b")
         nodes: list[str] = []
         try:
-            pool, nodes = fragmented_pool(kube, namespace, name, annotations={"gpupool.io/stop-takes": "20s"},
+            pool, nodes = fragmented_pool(kube, namespace, name, pod_annotations={"gpupool.io/stop-takes": "20s"},
                                           grace_s=30)
             before = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
             proxy.freeze_after_evictions(1)
@@ -243,3 +250,161 @@ def test_the_leader_killed_mid_migration_the_new_one_finishes_it_with_the_same_h
                 kube.delete_nodes(nodes)
             second.stop()
             first.stop()
+
+
+# ---- make-before-break: gpupool.io/migrate: surge ----------------------------------------------------
+SURGE = {"gpupool.io/migrate": "surge"}
+SLOW_READY = {"gpupool.io/ready-after": "3s"}  # kwok: Running at once, Ready 3 s later (a model loading)
+
+
+class Sampler:
+    """The `tenants` Deployment's metadata.generation, spec.replicas and status.readyReplicas every 200 ms,
+    on a thread of its own, as (seconds since start, generation, spec, ready)."""
+
+    def __init__(self, kube: ClusterClient, namespace: str, interval_s: float = 0.2) -> None:
+        self.apps = client.AppsV1Api(kube.api_client)
+        self.namespace = namespace
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, int, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="deployment-sampler", daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        began = time.monotonic()
+        while not self._stop.is_set():
+            at = time.monotonic()
+            d = json.loads(self.apps.read_namespaced_deployment("tenants", self.namespace, _preload_content=False).data)
+            self.samples.append((at - began, d["metadata"]["generation"], d["spec"]["replicas"],
+                                 d["status"].get("readyReplicas") or 0))
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - at)))
+
+
+def _deployment(kube: ClusterClient, namespace: str) -> dict[str, Any]:
+    apps = client.AppsV1Api(kube.api_client)
+    return json.loads(apps.read_namespaced_deployment("tenants", namespace, _preload_content=False).data)
+
+
+def test_a_surge_deployment_moves_without_a_dip_in_ready_replicas(
+    kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, controller_manager: None,
+) -> None:
+    """The seed case with the tenants' Deployment annotated gpupool.io/migrate: surge: the Deployment goes
+    to 9, the new replica lands on the held destination and becomes Ready (kwok: 3 s after it starts, as
+    gpupool.io/ready-after says; every tenant does), the Deployment goes back
+    to 8 and its ReplicaSet removes the mover (the lowest deletion cost); the big pod lands on the freed
+    GPU. Sampled every 200 ms, readyReplicas never drops below 8, also for a minute after (the loop check:
+    nothing moves again). With eviction (no annotation) the same sampling sees 7 ready: the test fails."""
+    apps = client.AppsV1Api(kube.api_client)
+    pool, nodes = fragmented_pool(kube, namespace, scheduler.name, SURGE, SLOW_READY)
+    try:
+        wait_until(lambda: _deployment(kube, namespace)["status"].get("readyReplicas") == 8, 60, "8 tenants Ready")
+        before = {p["metadata"]["uid"]: p for p in _tenants(kube, namespace)}
+        counts = {r: scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result=r)
+                  for r in ("surged", "evicted", "replaced")}
+        with Sampler(kube, namespace) as sampler:
+            began = time.monotonic()
+            kube.core.create_namespaced_pod(namespace, pod("big", scheduler.name, pool, units=35))
+
+            def moved_and_settled() -> list[dict[str, Any]] | None:
+                pods = list_pods(kube, namespace)
+                big = [p for p in pods if p["metadata"]["name"] == "big"]
+                tenants = [p for p in pods if p["metadata"].get("labels", {}).get("app") == "tenants"]
+                d = _deployment(kube, namespace)
+                if (not big or not _bound(big[0]) or len(tenants) != 8 or not all(_bound(p) for p in tenants)
+                        or d["spec"]["replicas"] != 8 or (d["status"].get("readyReplicas") or 0) != 8):
+                    return None
+                return pods
+
+            pods = wait_until(moved_and_settled, 120, "the big pod bound and the Deployment back to 8 Ready", 0.2)
+            took = time.monotonic() - began
+            moved = _moves(kube, namespace)
+            assert len(moved) == 1 and "Moved by surge" in moved[0]["message"], moved
+            (mover,) = [p for p in before.values() if p["metadata"]["name"] == moved[0]["name"]]
+            now = {p["metadata"]["uid"]: p for p in _tenants(kube, namespace)}
+            assert set(before) - set(now) == {mover["metadata"]["uid"]}  # the old replica is the one removed
+            (new,) = [p for uid, p in now.items() if uid not in before]
+            consolidating = events_for(kube, namespace, "big", "Consolidating")
+            held = f"{mover['metadata']['name']} (to {new['spec']['nodeName']}, by surge)"
+            assert consolidating and held in consolidating[0]["message"], consolidating
+            big = next(p for p in pods if p["metadata"]["name"] == "big")
+            assert big["spec"]["nodeName"] == mover["spec"]["nodeName"]
+            assert_no_oversubscription(kube, pods)
+            assert scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked",
+                                    result="surged") == counts["surged"] + 1
+            assert scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked",
+                                    result="evicted") == counts["evicted"]
+            assert scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked",
+                                    result="replaced") == counts["replaced"] + 1
+            on_deployment = [e.reason for e in client.CoreV1Api(kube.api_client).list_namespaced_event(
+                namespace, field_selector="involvedObject.kind=Deployment,involvedObject.name=tenants").items
+                if e.reason in ("Surging", "Surged")]
+            assert sorted(on_deployment) == ["Surged", "Surging"], on_deployment
+            surged_at = [t for t, _, spec, _ in sampler.samples if spec == 9]  # the window may fall between two
+            # the loop check, still sampling: on the consolidated state nothing moves again
+            time.sleep(60)
+        assert len(_moves(kube, namespace)) == 1
+        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == set(now)
+        samples = sampler.samples
+        span = samples[-1][0] - samples[0][0]
+        assert len(samples) >= span / 0.2 * 0.5, f"{len(samples)} samples in {span:.0f}s"
+        # spec.replicas written twice (9, then 8): each bumps the generation
+        assert samples[-1][1] == samples[0][1] + 2 and {s[2] for s in samples} <= {8, 9}, samples[:3]
+        low = [s for s in samples if s[3] < 8]
+        assert not low, f"ready replicas below 8: {low[:10]}"
+        print(f"surge: everything bound {took:.1f}s after the big pod was created; {len(samples)} samples over "
+              f"{span:.0f}s ({len(surged_at)} of them at 9 replicas), ready replicas min "
+              f"{min(s[3] for s in samples)}")
+    finally:
+        apps.delete_namespaced_deployment("tenants", namespace)
+        kube.delete_nodes(nodes)
+
+
+def test_an_hpa_and_a_surge_deployment_do_not_fight(
+    kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, controller_manager: None,
+) -> None:
+    """An HPA scales the surge Deployment (maxReplicas 8: a surge to 9 would be undone by it at its next
+    sync, the kube-controller-manager's HPA controller clamps to maxReplicas without any metrics). The
+    scheduler does not scale it and does not evict it: spec.replicas and the generation stay as they were
+    for more than an HPA sync period (15 s), no tenant moves, the big pod is told why and waits."""
+    apps = client.AppsV1Api(kube.api_client)
+    autoscaling = client.AutoscalingV2Api(kube.api_client)
+    pool, nodes = fragmented_pool(kube, namespace, scheduler.name, SURGE)
+    try:
+        autoscaling.create_namespaced_horizontal_pod_autoscaler(namespace, {
+            "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "tenants-hpa"},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "tenants"},
+                     "minReplicas": 1, "maxReplicas": 8,
+                     "metrics": [{"type": "Resource", "resource": {
+                         "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}}]}})
+
+        def reconciled() -> bool:  # the HPA controller has looked at it (no metrics: ScalingActive False)
+            hpa = json.loads(autoscaling.read_namespaced_horizontal_pod_autoscaler(
+                "tenants-hpa", namespace, _preload_content=False).data)
+            return bool((hpa.get("status") or {}).get("conditions"))
+        wait_until(reconciled, 60, "the HPA reconciled")
+        generation = _deployment(kube, namespace)["metadata"]["generation"]
+        before = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
+        refused = scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result="refused")
+        with Sampler(kube, namespace) as sampler:
+            kube.core.create_namespaced_pod(namespace, pod("big", scheduler.name, pool, units=35))
+            said = wait_until(lambda: [e for e in events_for(kube, namespace, "big", "ConsolidationFailed")
+                                       if "HorizontalPodAutoscaler" in e["message"]], 60, "big told about the HPA")
+            time.sleep(20)  # more than an HPA sync period: had the count been changed, the HPA would have acted
+        assert f"HorizontalPodAutoscaler {namespace}/tenants-hpa" in said[0]["message"]
+        assert {(g, spec) for _, g, spec, _ in sampler.samples} == {(generation, 8)}
+        assert min(s[3] for s in sampler.samples) == 8
+        assert _moves(kube, namespace) == []
+        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == before
+        assert not next(p for p in list_pods(kube, namespace) if p["metadata"]["name"] == "big")["spec"].get(
+            "nodeName")
+        assert scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result="refused") == refused + 1
+    finally:
+        apps.delete_namespaced_deployment("tenants", namespace)
+        kube.delete_nodes(nodes)

@@ -55,9 +55,6 @@ NOT_EXERCISED: dict[str, dict[tuple[str, str, str], str]] = {
         # preemption only: evict the victims (Eviction API) of a higher-priority pod; the preemption
         # path is proven with admin credentials in tests/e2e/test_preemption.py
         ("", "pods/eviction", "create"): "preemption victims",
-        # defragmentation only: a migration's record of its holds on the blocked pod; proven in
-        # tests/scheduler/test_defrag.py and tests/e2e/test_defrag.py
-        ("", "pods", "patch"): "migration record",
         # gangs only: the status of a PodGroup (phase, scheduled, running); proven in the gang e2e tests
         ("scheduling.x-k8s.io", "podgroups/status", "patch"): "PodGroup status",
         # quotas only: the status of a GpuQuota (used, borrowed, conditions); proven in
@@ -66,6 +63,14 @@ NOT_EXERCISED: dict[str, dict[tuple[str, str, str], str]] = {
         # the count of a FailedScheduling repeated a minute or more after it was posted;
         # proven against a real HTTP server in tests/scheduler/test_recorder.py
         ("", "events", "patch"): "repeated FailedScheduling count",
+        # make-before-break migration only (gpupool.io/migrate: surge): a mover's ReplicaSet and Deployment,
+        # the namespace's HPAs, the Deployment's scale, the deletion cost of the pod that goes; proven in
+        # tests/scheduler/test_defrag.py and tests/e2e/test_defrag.py
+        ("apps", "replicasets", "get"): "surge: the ReplicaSet's Deployment",
+        ("apps", "deployments", "get"): "surge: the Deployment's annotation and rollout",
+        ("apps", "deployments/scale", "patch"): "surge: one replica more, and back",
+        ("autoscaling", "horizontalpodautoscalers", "list"): "surge: an HPA owns the count",
+        ("", "pods", "patch"): "surge's pod-deletion-cost; a migration's record of its holds on the blocked pod",
     },
     "deviceplugin": {},
 }

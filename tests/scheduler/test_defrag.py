@@ -25,7 +25,9 @@ from gpupool_sched.cache.entries import Phase
 from gpupool_sched.cache.reservations import reservation_uid, same_request
 from gpupool_sched.framework.plugins.movers import JOBS, DefragConfig
 from gpupool_sched.kube import migration_record
+from gpupool_sched.kube.kubeapi import DELETION_COST
 from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
+from gpupool_sched.writer.surge import LOWEST_COST, MIGRATE, REVISION
 from tests.support.apiserver import NODES, PODS, ApiServer, serving
 from tests.support.objects import node_obj, pod_obj
 
@@ -443,3 +445,226 @@ def test_a_jobs_pod_stays_when_its_job_does_not_ignore_disruptions(rules: list[d
         assert all(e.phase is Phase.CONFIRMED and e.evicting_for is None for e in service.state.pods.values())
 
     asyncio.run(with_service(test))
+
+
+# ---- make-before-break: gpupool.io/migrate: surge ----------------------------------------------------
+REPLICA_SETS = "/apis/apps/v1/replicasets"
+DEPLOYMENTS = "/apis/apps/v1/deployments"
+HPAS = "/apis/autoscaling/v2/horizontalpodautoscalers"
+
+
+def surge_deployment(server: ApiServer, replicas: int = 8, *, annotated: bool = True) -> None:
+    """The tenants' ReplicaSet and its Deployment (annotated `gpupool.io/migrate: surge`), settled: every
+    replica updated, no rollout under way; no HPA."""
+    for path in (REPLICA_SETS, DEPLOYMENTS, HPAS):
+        server.objects[path] = {}
+    server.put(REPLICA_SETS, {
+        "metadata": {"name": "tenants", "namespace": "ns", "uid": "rs-tenants", "annotations": {REVISION: "1"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "tenants",
+                                          "uid": "dep-tenants", "controller": True}]},
+        "spec": {"replicas": replicas}})
+    server.put(DEPLOYMENTS, {
+        "metadata": {"name": "tenants", "namespace": "ns", "uid": "dep-tenants", "generation": 1,
+                     "annotations": {REVISION: "1", **({MIGRATE: "surge"} if annotated else {})}},
+        "spec": {"replicas": replicas},
+        "status": {"observedGeneration": 1, "replicas": replicas, "updatedReplicas": replicas,
+                   "readyReplicas": replicas}})
+
+
+async def pump(service: SchedulerService, until: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Decide for whatever is queued while a surge runs (the migrator is not drained: it waits for a Ready
+    replica), until `until()` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not until():
+        assert loop.time() < deadline, "timed out"
+        service.queue.flush()
+        while (item := service.queue.pop()) is not None:
+            await service.scheduling.schedule_one_offloaded(item)
+        await asyncio.sleep(0.02)
+    await service.recorder.flush()
+
+
+def surge_writes(server: ApiServer) -> list[tuple[str, Any]]:
+    """The surge's writes in order: ("scale", replicas) and ("cost", pod name)."""
+    out: list[tuple[str, Any]] = []
+    for method, path, body in server.written:
+        if method == "PATCH" and path.endswith("/deployments/tenants/scale"):
+            out.append(("scale", body["spec"]["replicas"]))
+        elif method == "PATCH" and "/pods/" in path and not path.endswith("/status"):
+            assert body["metadata"]["annotations"] == {DELETION_COST: str(LOWEST_COST)}
+            out.append(("cost", path.rsplit("/", 1)[1]))
+    return out
+
+
+def ready(service: SchedulerService, server: ApiServer, name: str) -> None:
+    """The kubelet reports the pod Running and Ready."""
+    obj = copy.deepcopy(server.objects[PODS][f"ns/{name}"])
+    obj["status"] = {"phase": "Running", "startTime": "2026-11-30T11:00:00Z",
+                     "conditions": [{"type": "Ready", "status": "True"}]}
+    service.on_pod("MODIFIED", server.put(PODS, obj))
+
+
+def gone(service: SchedulerService, server: ApiServer, obj: dict[str, Any]) -> None:
+    stored = server.objects[PODS][f"ns/{obj['metadata']['name']}"]
+    server.delete(PODS, stored)
+    last = copy.deepcopy(stored)
+    last["metadata"]["resourceVersion"] = server.version()
+    service.on_pod("DELETED", last)
+
+
+async def surge_started(service: SchedulerService, server: ApiServer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The seed case with a surge Deployment: the big pod waits, one tenant is chosen, the Deployment goes to 9
+    and its ReplicaSet's new pod (the test plays the controllers) is placed on the held destination.
+    Returns (the mover, the new replica)."""
+    service.defrag.migrator.surger.poll_s = 0.02
+    tenants = seed(service, server)
+    surge_deployment(server)
+    add(service, server, pod_obj("big", units=35))
+    await pump(service, lambda: server.replicas == [9])
+    assert evictions(server) == []
+    (mover_uid,) = [r.mover for r in service.state.reservations.values()]
+    mover = next(t for t in tenants if t["metadata"]["uid"] == mover_uid)
+    destination = service.state.reservations[reservation_uid(mover_uid)].destination
+    consolidating = events(server, "Consolidating")
+    assert len(consolidating) == 1 and f"{mover['metadata']['name']} (to {destination.node}, by surge)" in \
+        consolidating[0]["message"]
+    new = add(service, server, owned(pod_obj("tenants-new", units=10)))
+    await pump(service, lambda: "ns/tenants-new" in dict(server.bindings))
+    placed = service.state.pods[new["metadata"]["uid"]].placement
+    assert (placed.node, placed.gpu_indices) == (destination.node, destination.gpu_indices)
+    return mover, new
+
+
+def test_a_surge_deployment_moves_make_before_break() -> None:
+    """Scale up, the new replica on the held destination, Ready; only then the mover's deletion cost and the
+    scale back down; the big pod lands where the mover was. Without the annotation the tenant is evicted
+    (the seed case above): the first assertion of `surge_started` fails."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        mover, _ = await surge_started(service, server)
+        big_uid = server.objects[PODS]["ns/big"]["metadata"]["uid"]
+        await asyncio.sleep(0.3)  # not Ready yet: nothing more is written, the mover runs on
+        assert surge_writes(server) == [("scale", 9)]
+        assert mover["metadata"]["uid"] in service.state.pods and big_uid in service.state.nominations
+
+        ready(service, server, "tenants-new")
+        await pump(service, lambda: len(surge_writes(server)) == 3)
+        assert surge_writes(server) == [("scale", 9), ("cost", mover["metadata"]["name"]), ("scale", 8)]
+        assert server.objects[DEPLOYMENTS]["ns/tenants"]["spec"]["replicas"] == 8
+        assert evictions(server) == []
+        # the ReplicaSet removes the pod of lowest cost: the mover; the big pod takes its GPU
+        mover_gpus = service.state.pods[mover["metadata"]["uid"]].placement.gpu_indices
+        gone(service, server, mover)
+        await pump(service, lambda: "ns/big" in dict(server.bindings))
+        assert dict(server.bindings)["ns/big"] == mover["spec"]["nodeName"]
+        assert service.state.pods[big_uid].placement.gpu_indices == mover_gpus
+        assert not service.state.reservations and not service.state.nominations and not service.state.surging
+        moved = events(server, "Moved")
+        assert len(moved) == 1 and "Moved by surge" in moved[0]["message"] and "tenants-new" in moved[0]["message"]
+        on_deployment = [e for e in server.written if e[0] == "POST" and e[1].endswith("/events")
+                         and e[2]["involvedObject"]["kind"] == "Deployment"]
+        assert [e[2]["reason"] for e in on_deployment] == ["Surging", "Surged"]
+        value = service.metrics.registry.get_sample_value
+        for result, count in (("surged", 1), ("replaced", 1), ("evicted", 0), ("rolled_back", 0)):
+            assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": result}) == count
+        await run_queue(service, rounds=5)  # the consolidated state moves nothing more
+        assert len(surge_writes(server)) == 3 and evictions(server) == []
+
+    asyncio.run(with_service(test, surge_timeout_s=30.0))
+
+
+def test_a_surge_whose_new_replica_is_not_ready_in_time_is_rolled_back() -> None:
+    """--defrag-surge-timeout: the new replica gets the lowest deletion cost and the count goes back, so the
+    ReplicaSet removes it, not the mover; the big pod is told why, and the Deployment is not surged again
+    within the cooldown (its pods are not planned as movers)."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        mover, new = await surge_started(service, server)
+        big_uid = server.objects[PODS]["ns/big"]["metadata"]["uid"]
+        await pump(service, lambda: len(surge_writes(server)) == 3)
+        assert surge_writes(server) == [("scale", 9), ("cost", "tenants-new"), ("scale", 8)]
+        assert DELETION_COST not in server.objects[PODS][f"ns/{mover['metadata']['name']}"]["metadata"]["annotations"]
+        await pump(service, lambda: bool(events(server, "ConsolidationFailed")))
+        failed = events(server, "ConsolidationFailed")
+        assert "by surge" in failed[0]["message"] and "not Ready within 2s" in failed[0]["message"]
+        assert events(server, "NotMoved") and not events(server, "Moved") and evictions(server) == []
+        entry = service.state.pods[mover["metadata"]["uid"]]
+        assert entry.evicting_for is None  # spared: it runs on
+        assert big_uid not in service.state.nominations and not service.state.reservations
+        value = service.metrics.registry.get_sample_value
+        assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "rolled_back"}) == 1
+        assert set(service.defrag.movers.refused) == {"ReplicaSet/ns/tenants"}  # not surged again for a while
+        gone(service, server, new)  # the ReplicaSet removes the new replica
+        await run_queue(service, rounds=5)
+        assert len(surge_writes(server)) == 3 and evictions(server) == []
+
+    asyncio.run(with_service(test, surge_timeout_s=2.0))
+
+
+def test_a_surge_is_rolled_back_when_the_blocked_pod_goes_and_retries_a_conflict() -> None:
+    """A conflict (409) on the way up is read again and written again; the blocked pod deleted mid-surge
+    undoes the surge (abandoned: no ConsolidationFailed, nobody to tell), leaving no extra replica."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        server.scale_answers = [409]
+        mover, _ = await surge_started(service, server)
+        assert server.replicas == [9]  # the conflict was retried once
+        gone(service, server, server.objects[PODS]["ns/big"])
+        await pump(service, lambda: len(surge_writes(server)) == 4)
+        assert surge_writes(server) == [("scale", 9), ("scale", 9), ("cost", "tenants-new"), ("scale", 8)]
+        assert server.replicas == [9, 8]
+        await service.defrag.migrator.drain()
+        value = service.metrics.registry.get_sample_value
+        assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "abandoned"}) == 1
+        assert not events(server, "ConsolidationFailed") and evictions(server) == []
+        assert service.state.pods[mover["metadata"]["uid"]].evicting_for is None
+
+    asyncio.run(with_service(test, surge_timeout_s=30.0))
+
+
+def test_a_deployment_an_hpa_scales_is_not_surged_nor_evicted() -> None:
+    """An HPA owns spec.replicas: no scale write (the two never fight), no eviction (the annotation rules
+    out a capacity dip); the big pod and the tenant are told why, the tenants' ReplicaSet is not planned
+    again within the cooldown, and the move does not count on the budget."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        service.defrag.migrator.surger.poll_s = 0.02
+        seed(service, server)
+        surge_deployment(server)
+        server.put(HPAS, {"metadata": {"name": "tenants-hpa", "namespace": "ns"},
+                          "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "tenants"},
+                                   "minReplicas": 1, "maxReplicas": 8}})
+        add(service, server, pod_obj("big", units=35))
+
+        def told_it_waits() -> bool:  # tried again after the refusal: nothing else may move for it
+            return any("moving" not in e["message"] for e in events(server, "FailedScheduling"))
+        await run_queue(service, rounds=60, until=told_it_waits)
+        assert told_it_waits()
+        assert surge_writes(server) == [] and evictions(server) == []
+        failed = events(server, "ConsolidationFailed")
+        assert len(failed) == 1 and "HorizontalPodAutoscaler ns/tenants-hpa" in failed[0]["message"]
+        assert len(events(server, "NotMoved")) == 1
+        assert set(service.defrag.movers.refused) == {"ReplicaSet/ns/tenants"}
+        assert service.defrag.movers.budget_left() == service.defrag.movers.budget()
+        value = service.metrics.registry.get_sample_value
+        assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "refused"}) == 1
+        assert not service.state.reservations and not service.state.nominations
+
+    asyncio.run(with_service(test))
+
+
+def test_a_count_changed_by_someone_else_mid_surge_is_left_alone() -> None:
+    """Someone scales the Deployment to 12 while the surge waits: the scheduler never writes the count
+    again (it is theirs now); the migration stops and says why."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        mover, _ = await surge_started(service, server)
+        theirs = copy.deepcopy(server.objects[DEPLOYMENTS]["ns/tenants"])
+        theirs["spec"]["replicas"] = 12
+        server.put(DEPLOYMENTS, theirs)
+        ready(service, server, "tenants-new")
+        await pump(service, lambda: bool(events(server, "ConsolidationFailed")))
+        await service.defrag.migrator.drain()
+        assert surge_writes(server) == [("scale", 9), ("cost", mover["metadata"]["name"])]
+        assert server.objects[DEPLOYMENTS]["ns/tenants"]["spec"]["replicas"] == 12
+        assert "is 12, not 9: changed by someone else" in events(server, "ConsolidationFailed")[0]["message"]
+        value = service.metrics.registry.get_sample_value
+        assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "failed"}) == 1
+
+    asyncio.run(with_service(test, surge_timeout_s=30.0))

@@ -105,3 +105,21 @@ def test_reports_on_their_own_lane_do_not_wait_behind_binds() -> None:
         assert len(server.seen) == 8
 
     asyncio.run(with_recording_server(test, workers=2))
+
+
+def test_a_surges_writes_carry_their_preconditions() -> None:
+    """A Deployment's count through its scale subresource under a resourceVersion precondition; the
+    deletion cost as a merge patch of the pod's annotations, with its UID (docs/defragmentation.md)."""
+    async def test(api: KubeApi, server: RecordingServer) -> None:
+        await api.scale_deployment("team-a", "serve", 9, "4711")
+        await api.set_deletion_cost("team-a", "serve-x", "uid-9", -2147483648)
+        scale, cost = server.seen
+        assert (scale["method"], scale["path"]) == ("PATCH", "/apis/apps/v1/namespaces/team-a/deployments/serve/scale")
+        assert scale["headers"]["Content-Type"] == "application/merge-patch+json"
+        assert scale["body"] == {"metadata": {"resourceVersion": "4711"}, "spec": {"replicas": 9}}
+        assert (cost["method"], cost["path"]) == ("PATCH", "/api/v1/namespaces/team-a/pods/serve-x")
+        assert cost["headers"]["Content-Type"] == "application/merge-patch+json"
+        assert cost["body"] == {"metadata": {"uid": "uid-9", "annotations": {
+            "controller.kubernetes.io/pod-deletion-cost": "-2147483648"}}}
+
+    asyncio.run(with_recording_server(test))

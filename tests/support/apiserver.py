@@ -41,6 +41,8 @@ class ApiServer:
         self.partitioned = False  # True: requests are held undelivered (a black hole); dropped if the client goes
         self.reads = 0
         self.lists = 0
+        self.scale_answers: list[int] = []  # statuses the next scale PATCHes are answered with (then as usual)
+        self.replicas: list[int] = []  # spec.replicas of every scale PATCH committed, in order
         self._rv = itertools.count(1000)
 
     def version(self) -> str:
@@ -76,6 +78,11 @@ class ApiServer:
             return await self._bind(request, parts[3], body)
         if request.method != "GET":
             self.written.append((request.method, request.path, json.loads(await request.read() or b"{}")))
+        if (parts[0] == "apis" and len(parts) >= 6 and parts[3] == "namespaces"
+                and (request.method == "GET" or parts[-1] == "scale")):
+            return await self._namespaced(request, parts)
+        if request.method == "PATCH" and len(parts) == 6 and parts[4] == "pods":
+            return await self._patch_pod(request, parts[3], parts[5])
         if request.method == "GET" and len(parts) == 6 and parts[4] == "pods":
             if self.hold is not None:  # a slow server: a read queues behind the held Binding
                 await self.hold.wait()
@@ -91,6 +98,54 @@ class ApiServer:
             return web.json_response({"items": list(self.objects[request.path].values()),
                                       "metadata": {"resourceVersion": self.version()}})
         return web.json_response({}, status=201)  # Events, status patches
+
+    async def _namespaced(self, request: web.Request, parts: list[str]) -> web.StreamResponse:
+        """/apis/<group>/<version>/namespaces/<ns>/<plural>[/<name>[/scale]]: objects stored under the
+        cluster-wide list path /apis/<group>/<version>/<plural>. GET one or the namespace's list; PATCH
+        .../deployments/<name>/scale sets spec.replicas under the resourceVersion precondition (409 when
+        it is stale; `scale_answers` answers the next ones as told first)."""
+        store = self.objects.get("/" + "/".join([*parts[:3], parts[5]]))
+        namespace = parts[4]
+        if store is None:
+            return web.json_response({"kind": "Status", "reason": "NotFound"}, status=404)
+        if request.method == "GET" and len(parts) == 6:
+            self.lists += 1
+            items = [o for o in store.values() if o["metadata"].get("namespace") == namespace]
+            return web.json_response({"items": items, "metadata": {"resourceVersion": self.version()}})
+        obj = store.get(f"{namespace}/{parts[6]}")
+        if obj is None:
+            return web.json_response({"kind": "Status", "reason": "NotFound", "message": "not found"}, status=404)
+        if request.method == "GET" and len(parts) == 7:
+            self.reads += 1
+            return web.json_response(obj)
+        if request.method == "PATCH" and parts[5] == "deployments" and parts[7:] == ["scale"]:
+            if self.scale_answers:
+                status = self.scale_answers.pop(0)
+                return web.json_response({"kind": "Status", "reason": "Told", "message": "as told"}, status=status)
+            body = json.loads(await request.read())
+            if body.get("metadata", {}).get("resourceVersion") not in (None, obj["metadata"]["resourceVersion"]):
+                return web.json_response({"kind": "Status", "reason": "Conflict", "message": (
+                    "the object has been modified; please apply your changes to the latest version")}, status=409)
+            scaled = copy.deepcopy(obj)
+            scaled["spec"]["replicas"] = body["spec"]["replicas"]
+            scaled["metadata"]["generation"] = scaled["metadata"].get("generation", 1) + 1
+            self.put("/" + "/".join([*parts[:3], parts[5]]), scaled)
+            self.replicas.append(body["spec"]["replicas"])
+            return web.json_response({"spec": {"replicas": body["spec"]["replicas"]}})
+        return web.json_response({"kind": "Status", "reason": "MethodNotAllowed"}, status=405)
+
+    async def _patch_pod(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
+        """A merge patch of a pod's annotations (the UID, when given, must be the pod's: it is immutable)."""
+        pod = self.objects[PODS].get(f"{namespace}/{name}")
+        if pod is None:
+            return web.json_response({"kind": "Status", "reason": "NotFound"}, status=404)
+        meta = json.loads(await request.read()).get("metadata") or {}
+        if meta.get("uid") not in (None, pod["metadata"]["uid"]):
+            return web.json_response({"kind": "Status", "reason": "Invalid", "message": "uid: field is immutable"},
+                                     status=422)
+        patched = copy.deepcopy(pod)
+        patched["metadata"].setdefault("annotations", {}).update(meta.get("annotations") or {})
+        return web.json_response(self.put(PODS, patched))
 
     async def _lease(self, request: web.Request, parts: list[str]) -> web.StreamResponse:
         path = "/" + "/".join(parts[:6])

@@ -154,13 +154,15 @@ def test_the_defrag_values_reach_the_schedulers_flags() -> None:
     """scheduler.defrag (docs/defragmentation.md); budgetPerHour null passes no flag (1 % of GPU pods)."""
     default = build_parser().parse_args(_expanded_command(render(), "rel-gpupool-scheduler")[1:])
     assert (default.defrag, default.defrag_after, default.defrag_min_runtime, default.defrag_max_movers,
-            default.defrag_budget, default.defrag_cooldown) == ("on", 60.0, 600.0, 16, None, 3600.0)
+            default.defrag_budget, default.defrag_cooldown, default.defrag_surge_timeout) == (
+        "on", 60.0, 600.0, 16, None, 3600.0, 300.0)
     docs = render("--set", "scheduler.defrag.enabled=false", "--set", "scheduler.defrag.afterSeconds=5",
                   "--set", "scheduler.defrag.minRuntimeSeconds=0", "--set", "scheduler.defrag.maxMovers=3",
-                  "--set", "scheduler.defrag.budgetPerHour=2", "--set", "scheduler.defrag.cooldownSeconds=60")
+                  "--set", "scheduler.defrag.budgetPerHour=2", "--set", "scheduler.defrag.cooldownSeconds=60",
+                  "--set", "scheduler.defrag.surgeTimeoutSeconds=90")
     args = build_parser().parse_args(_expanded_command(docs, "rel-gpupool-scheduler")[1:])
     assert (args.defrag, args.defrag_after, args.defrag_min_runtime, args.defrag_max_movers, args.defrag_budget,
-            args.defrag_cooldown) == ("off", 5.0, 0.0, 3, 2, 60.0)
+            args.defrag_cooldown, args.defrag_surge_timeout) == ("off", 5.0, 0.0, 3, 2, 60.0, 90.0)
 
 
 def test_jobs_are_read_only_while_the_scheduler_defragments() -> None:

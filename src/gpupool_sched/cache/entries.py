@@ -68,6 +68,7 @@ class PodEntry:
     owner: str = ""  # its controller, "Kind/namespace/name" (kube/podspec.controller_of; "" for a bare pod)
     movable: bool | None = None  # gpupool.io/movable: True / False when the pod says so, else None
     job: str = ""  # UID of the batch/v1 Job that controls it ("" when none): its podFailurePolicy decides movable
+    ready: bool = False  # condition Ready is True (a surge waits for its new replica's: writer/surge.py)
 
 
 @dataclass(slots=True)
@@ -125,6 +126,9 @@ def describe(entry: PodEntry, obj: Mapping[str, Any]) -> None:
     entry.job = controlling_job(ref)
     said = (meta.get("annotations") or {}).get(MOVABLE) if isinstance(meta.get("annotations"), Mapping) else None
     entry.movable = True if said == "true" else False if said == "false" else None
+    conditions = (obj.get("status") or {}).get("conditions")
+    entry.ready = isinstance(conditions, list) and any(
+        isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     if meta.get("deletionTimestamp") and entry.evicting_for is None:
         entry.evicting_for = TERMINATING  # on its way out already (e.g. evicted before a restart): no victim
 

@@ -189,10 +189,24 @@ class Reservations(Nominator):
             self.end_reservation(r.uid)
         return stale
 
+    def extend_migration(self, blocked: str, mover: str, seconds: float) -> None:
+        """A surge takes longer than an eviction (the new replica must become Ready before the mover goes):
+        the blocked pod's nomination and the mover's reservation last at least `seconds` more."""
+        until = self.clock() + seconds
+        nomination = self.nominations.get(blocked)
+        if nomination is not None:
+            nomination.deadline = max(nomination.deadline, until)
+        reservation = self.reservations.get(reservation_uid(mover))
+        if reservation is not None:
+            reservation.deadline = max(reservation.deadline, until)
+
     def migrating_nodes(self) -> set[str]:
         """Nodes a migration is under way on: a reservation's destination, or a mover's node while the pod
-        the migration makes room for waits (at most one migration at a time per node)."""
+        the migration makes room for waits, or both ends of a surge until it is over (at most one migration
+        at a time per node)."""
         nodes = {r.destination.node for r in self.reservations.values()}
+        for source, destination in self.surging.values():
+            nodes.update((source, destination))
         blocked = {r.blocked for r in self.reservations.values()}
         for uid in blocked:
             nomination = self.nominations.get(uid)

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 REQUEST_TIMEOUT_S = 15
 MAX_MESSAGE = 1024  # of an Event's or a condition's message
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"  # int32; a ReplicaSet removes lower costs first
 
 
 class ApiError(Exception):
@@ -164,6 +165,11 @@ class KubeApi:
         return await self.call(self._get, path("api", "v1", "namespaces", namespace, "pods", name), [],
                                timeout_s=timeout_s)
 
+    async def read_object(self, api_path: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+        """One object (or one namespace's list) at `api_path` as the API server has it now (ApiError 404:
+        not there, or the kind is not served). `deployment_path` and friends build the paths."""
+        return await self.call(self._get, api_path, [], timeout_s=timeout_s)
+
     def server_version_sync(self, timeout_s: float = 5.0) -> str:
         return str(self._get("/version", [], timeout_s=timeout_s).get("gitVersion", "?"))
 
@@ -253,6 +259,21 @@ class KubeApi:
         await self.write("PATCH", _pod_path(namespace, name, "status"), {"status": {"nominatedNodeName": node}},
                          MERGE_PATCH)
 
+    async def scale_deployment(self, namespace: str, name: str, replicas: int, resource_version: str) -> None:
+        """A Deployment's spec.replicas, through its scale subresource (as `kubectl scale` and the HPA
+        write it), only if the Deployment is still at `resource_version` (a 409 ApiError: it changed since
+        it was read; read it again and decide again)."""
+        await self.write("PATCH", deployment_path(namespace, name) + "/scale",
+                         {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": replicas}},
+                         MERGE_PATCH)
+
+    async def set_deletion_cost(self, namespace: str, name: str, uid: str, cost: int) -> None:
+        """The pod's `controller.kubernetes.io/pod-deletion-cost` annotation: its ReplicaSet removes pods
+        of lower cost first when it scales down (among pods equally placed, running and ready). The UID
+        makes the API server refuse a namesake that replaced the pod (the UID is immutable)."""
+        await self.write("PATCH", path("api", "v1", "namespaces", namespace, "pods", name),
+                         {"metadata": {"uid": uid, "annotations": {DELETION_COST: str(cost)}}}, MERGE_PATCH)
+
     async def patch_custom_status(
         self, group: str, version: str, plural: str, namespace: str, name: str, status: Mapping[str, Any]
     ) -> None:
@@ -288,6 +309,19 @@ class KubeApi:
             resp = self.coordination.replace_namespaced_lease(name, namespace, lease, _preload_content=False,
                                                               _request_timeout=REQUEST_TIMEOUT_S)
         return json.loads(resp.data)
+
+
+def deployment_path(namespace: str, name: str) -> str:
+    return path("apis", "apps", "v1", "namespaces", namespace, "deployments", name)
+
+
+def replica_set_path(namespace: str, name: str) -> str:
+    return path("apis", "apps", "v1", "namespaces", namespace, "replicasets", name)
+
+
+def autoscalers_path(namespace: str) -> str:
+    """The namespace's HorizontalPodAutoscalers (autoscaling/v2)."""
+    return path("apis", "autoscaling", "v2", "namespaces", namespace, "horizontalpodautoscalers")
 
 
 def _pod_path(namespace: str, name: str, subresource: str) -> str:

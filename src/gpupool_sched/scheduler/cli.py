@@ -99,6 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="moves per hour, cluster-wide (default: 1%% of the running GPU pods, at least 1)")
     p.add_argument("--defrag-cooldown", type=cli_args.non_negative(float), default=3600.0, metavar="SECONDS",
                    help="a pod (or its replacement) never moves twice within this")
+    p.add_argument("--defrag-surge-timeout", type=cli_args.positive(float), default=300.0, metavar="SECONDS",
+                   help="a pod of a Deployment annotated gpupool.io/migrate=surge moves make-before-break: the "
+                        "new replica must be Ready within this, else the surge is rolled back")
     cli_args.add_consistency_check(p, see="; docs/scheduler.md#guarantees-under-faults")
     cli_args.add_log_level(p)
 
@@ -139,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
         consistency_check_s=args.consistency_check_interval,
         defrag=DefragConfig(enabled=args.defrag == "on", after_s=args.defrag_after,
                             min_runtime_s=args.defrag_min_runtime, max_movers=args.defrag_max_movers,
-                            per_hour=args.defrag_budget, cooldown_s=args.defrag_cooldown),
+                            per_hour=args.defrag_budget, cooldown_s=args.defrag_cooldown,
+                            surge_timeout_s=args.defrag_surge_timeout),
         freeze_gc=True,
     )
     logging.getLogger(__name__).info("API server %s (%s); scheduler %s, identity %s",

@@ -36,8 +36,10 @@ class Defrag:
     def build(cls, config: DefragConfig, state: ClusterState, budgets: DisruptionBudgets, queue: SchedulingQueue,
               preemptor: Preemptor, metrics: SchedulerMetrics, recorder: EventRecorder) -> Defrag:
         defrag = cls(state, queue, Movers(state, budgets, config, clock=queue.clock),
-                     Migrator(state, preemptor, queue, metrics, recorder), metrics)
+                     Migrator(state, preemptor, queue, metrics, recorder, surge_timeout_s=config.surge_timeout_s),
+                     metrics)
         state.on_claimed = defrag._replaced
+        defrag.migrator.on_refused = defrag.movers.refuse
         return defrag
 
     def wait(self, uid: str, first_seen: float | None, priority: int) -> None:

@@ -2,7 +2,9 @@
 in the state (the blocked pod nominated on the node its movers leave, each mover's destination reserved
 for its replacement); this sets the blocked pod's status.nominatedNodeName, evicts the movers through the
 Eviction API (PodDisruptionBudgets hold; the checkpoint annotation is the eviction's grace) and posts the
-Events that tell the story on both sides.
+Events that tell the story on both sides. A mover whose Deployment is annotated `gpupool.io/migrate: surge`
+is moved make-before-break instead (writer/surge.py), before any eviction of the same migration; a surge
+that does not complete stops the migration as a refused eviction does.
 
 A mover already gone (404) is fine. Any other refusal (429: a budget) stops the migration: movers not yet
 evicted are spared and their reservations end, the nomination ends, and the blocked pod is retried after
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gpupool_sched.cache.entries import CHECKPOINT_GRACE
@@ -29,6 +32,7 @@ from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.placement.consolidation import Consolidation, Move
 from gpupool_sched.writer.preemptor import Preemptor, Target
 from gpupool_sched.writer.recorder import EventRecorder
+from gpupool_sched.writer.surge import DEFAULT_SURGE_TIMEOUT_S, MIGRATE, SURGE, Deployment, Surger
 
 log = logging.getLogger(__name__)
 REASON = "blocked"  # the migrations metric's reason: for a pod that fit nowhere
@@ -36,12 +40,16 @@ REASON = "blocked"  # the migrations metric's reason: for a pod that fit nowhere
 
 class Migrator:
     def __init__(self, state: ClusterState, preemptor: Preemptor, queue: SchedulingQueue,
-                 metrics: SchedulerMetrics, recorder: EventRecorder) -> None:
+                 metrics: SchedulerMetrics, recorder: EventRecorder, *,
+                 surge_timeout_s: float = DEFAULT_SURGE_TIMEOUT_S) -> None:
         self.state = state
         self.preemptor = preemptor  # the writer's eviction path and nominatedNodeName
         self.queue = queue
         self.metrics = metrics
         self.recorder = recorder
+        self.surger = Surger(state, preemptor.api, timeout_s=surge_timeout_s)
+        # a controller not to surge again within the cooldown (refused, or rolled back); True: refund the move
+        self.on_refused: Callable[[str, bool], None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     def carry_out(self, plan: PodPlan, migration: Consolidation) -> None:
@@ -93,7 +101,22 @@ class Migrator:
                 self._stop(plan, [t for _, t in targets], "abandoned", None)
                 return
             log.warning("pod %s: setting nominatedNodeName failed (%s); moving anyway", plan.key, exc)
-        names = ", ".join(f"{t.namespace}/{t.name} (to {m.destination.node})" for m, t in targets)
+        # which movers surge (their Deployment says so): read before anything moves, and moved first (a surge
+        # that fails disturbs nothing, so no eviction goes out for a migration that then stops)
+        surges: dict[str, Deployment] = {}
+        for _, target in targets:
+            entry = self.state.pods.get(target.uid)
+            try:
+                found = await self.surger.deployment_of(entry) if entry is not None else None
+            except ApiError as exc:
+                self._stop(plan, [t for _, t in targets], "failed",
+                           f"reading the Deployment of {target.namespace}/{target.name} failed: {exc}")
+                return
+            if found is not None:
+                surges[target.uid] = found
+        targets = sorted(targets, key=lambda mt: mt[1].uid not in surges)
+        names = ", ".join(f"{t.namespace}/{t.name} (to {m.destination.node}{', by surge' if t.uid in surges else ''})"
+                          for m, t in targets)
         self.recorder.record(plan.namespace, plan.name, plan.uid, "Normal", "Consolidating",
                              f"Moving {len(targets)} pod(s) off node {migration.node} to make room, each with "
                              f"its destination held: {names}")
@@ -102,12 +125,21 @@ class Migrator:
             if plan.uid not in self.state.nominations:  # placed, deleted or expired meanwhile
                 self._stop(plan, [t for _, t in targets[i:]], "abandoned", None)
                 return
+            deployment = surges.get(target.uid)
+            if deployment is not None:
+                stopped = await self._surge(plan, migration, move, target, deployment, what)
+                if stopped is not None:
+                    self._stop(plan, [t for _, t in targets[i:]], *stopped)
+                    return
+                continue
             try:
                 await self.preemptor.evict_pod(target.namespace, target.name, target.uid, target.grace_s)
             except ApiError as exc:
                 if exc.status == 404:
                     continue  # already gone: what it held is free (or held, if the watch saw it go)
-                self._stop(plan, [t for _, t in targets[i:]], "failed", exc)
+                blocked = "a PodDisruptionBudget forbids it" if exc.status == 429 else str(exc)
+                self._stop(plan, [t for _, t in targets[i:]], "failed",
+                           f"evicting {target.namespace}/{target.name} failed: {blocked}")
                 return
             self.metrics.migrations.labels(reason=REASON, result="evicted").inc()
             self.recorder.record(
@@ -118,26 +150,60 @@ class Migrator:
                 + (f" ({CHECKPOINT_GRACE} asks {target.asked_s}s; capped at {target.grace_s}s)"
                    if target.asked_s is not None else ""))
 
-    def _stop(self, plan: PodPlan, remaining: list[Target], result: str, exc: ApiError | None) -> None:
-        """Spare the movers not evicted yet and end their reservations; a refusal ends the nomination too
-        and the blocked pod tries again after its backoff."""
+    async def _surge(self, plan: PodPlan, migration: Consolidation, move: Move, target: Target,
+                     deployment: Deployment, what: str) -> tuple[str, str] | None:
+        """Move one mover by surge (writer/surge.py); when the migration stops, the metric's result and why."""
+        entry = self.state.pods.get(target.uid)
+        if entry is None:
+            return None  # gone already: its room is free
+        replicas = await self.surger.may_surge(deployment)
+        if isinstance(replicas, int):
+            self.recorder.record_object(
+                ("apps/v1", "Deployment"), deployment.namespace, deployment.name, deployment.uid, "Normal",
+                "Surging", f"Scaling {replicas} -> {replicas + 1} to move {target.namespace}/{target.name} off node "
+                f"{migration.node} for {plan.key} (make-before-break, {MIGRATE}: {SURGE}); back to {replicas} once "
+                "the new replica is Ready")
+            outcome = await self.surger.move(plan.uid, entry, deployment, replicas, move.destination.node)
+        else:
+            outcome = replicas
+        if outcome.result == "gone":
+            return None
+        if outcome.result == "surged":
+            self.metrics.migrations.labels(reason=REASON, result="surged").inc()
+            self.recorder.record(
+                target.namespace, target.name, target.uid, "Normal", "Moved",
+                f"Moved by surge off node {migration.node} to make room for {plan.key} ({what}): Deployment "
+                f"{deployment.key} was scaled to {outcome.replicas + 1}, its new replica {outcome.new} became Ready "
+                f"on node {outcome.node}, then back to {outcome.replicas} with this pod's deletion cost lowest")
+            self.recorder.record_object(
+                ("apps/v1", "Deployment"), deployment.namespace, deployment.name, deployment.uid, "Normal",
+                "Surged", f"Back to {outcome.replicas} replicas: {outcome.new} is Ready on node {outcome.node}, "
+                f"{target.namespace}/{target.name} goes")
+            return None
+        if outcome.result in ("refused", "rolled_back") and self.on_refused is not None:
+            self.on_refused(move.owner, outcome.result == "refused")  # a rolled back surge disturbed: it counts
+        self.recorder.record(target.namespace, target.name, target.uid, "Normal", "NotMoved",
+                             f"Not moved off node {migration.node} for {plan.key}: {outcome.why}")
+        return outcome.result, f"moving {target.namespace}/{target.name} by surge: {outcome.why}"
+
+    def _stop(self, plan: PodPlan, remaining: list[Target], result: str, why: str | None) -> None:
+        """Spare the movers not moved yet and end their reservations (counted under `result`); unless the
+        blocked pod went away ("abandoned"), the nomination ends too and the blocked pod tries again after
+        its backoff, told `why`."""
         self.metrics.migrations.labels(reason=REASON, result=result).inc(len(remaining))
         self.state.spare(plan.uid, (t.uid for t in remaining))
         freed = False
         for target in remaining:
             freed |= self.state.end_reservation(reservation_uid(target.uid))
-        if exc is None:
+        if result == "abandoned":
             if freed:
                 self.queue.on_event(ClusterEvent.GPU_FREED)
             return
-        blocked = "a PodDisruptionBudget forbids it" if exc.status == 429 else str(exc)
-        log.warning("pod %s: migration stopped at %s/%s (%s); retrying later", plan.key, remaining[0].namespace,
-                    remaining[0].name, blocked)
+        log.warning("pod %s: migration stopped (%s); retrying later", plan.key, why)
         if self.state.end_nomination(plan.uid) or freed:
             self.queue.on_event(ClusterEvent.GPU_FREED)
         self.recorder.record(plan.namespace, plan.name, plan.uid, "Warning", "ConsolidationFailed",
-                             f"Moving pods stopped: evicting {remaining[0].namespace}/{remaining[0].name} "
-                             f"failed: {blocked}")
+                             f"Moving pods stopped: {why}")
         self.preemptor.clear(plan.namespace, plan.name)
         self._spawn(self._forget_record(plan))
         self.queue.retry(plan.uid)

@@ -6,8 +6,10 @@ the Job does not fail or count the evicted pod, and makes a new one); or annotat
 Never: `gpupool.io/movable: "false"` (the annotation wins either way), a bare pod without the annotation, a
 Job's pod whose Job does not tolerate a disruption (or is not known: the Jobs are watched only while the
 action is on), a pod younger than `min_runtime_s`, a gang member (a gang moves whole or not at all; not
-planned yet), a pod a PodDisruptionBudget protects now, a pod being evicted, and a pod (or a replacement of
-it) moved within `cooldown_s`. Only pods that hold GPUs are candidates: moving a CPU-only pod frees no GPU.
+planned yet), a pod a PodDisruptionBudget protects now, a pod being evicted, a pod (or a replacement of it)
+moved within `cooldown_s`, and a pod of a controller whose surge was refused or rolled back within
+`cooldown_s` (writer/surge.py: an HPA scales its Deployment, its new replica was not Ready in time). Only
+pods that hold GPUs are candidates: moving a CPU-only pod frees no GPU.
 
 The movable pods are kept in a set by a ledger watcher (`Movers._track`), with the Job-owned ones indexed
 by their Job, so that a Job that appears or goes re-judges its own pods only.
@@ -50,10 +52,13 @@ class DefragConfig:
     max_movers: int = DEFAULT_MAX_MOVERS
     per_hour: int | None = None  # moves per hour cluster-wide; None: 1 % of the running GPU pods, at least 1
     cooldown_s: float = 3600.0  # the same pod (or its replacement) never moves twice within this
+    surge_timeout_s: float = 300.0  # a surge's new replica must be Ready within this, else it is rolled back
 
     def __post_init__(self) -> None:
         if self.after_s < 0 or self.min_runtime_s < 0 or self.cooldown_s < 0:
             raise ValueError("defragmentation times must not be negative")
+        if self.surge_timeout_s <= 0:
+            raise ValueError(f"--defrag-surge-timeout must be positive, got {self.surge_timeout_s}")
         if self.max_movers < 1:
             raise ValueError(f"--defrag-max-movers must be at least 1, got {self.max_movers}")
         if self.per_hour is not None and self.per_hour < 0:
@@ -117,6 +122,7 @@ class Movers:
     job_pods: dict[str, set[str]] = field(default_factory=dict)  # Job UID -> its pods in the ledger
     pod_job: dict[str, str] = field(default_factory=dict)  # ledger UID -> the Job it is indexed under
     gpu_pods: int = 0  # running pods holding GPUs, as of the last `refresh` (the default budget's base)
+    refused: dict[str, float] = field(default_factory=dict)  # controller -> clock: its surge was refused then
 
     def __post_init__(self) -> None:
         for entry in list(self.state.pods.values()):
@@ -217,6 +223,9 @@ class Movers:
             last = self.moved.get(lineage)
             if last is not None and now - last < self.config.cooldown_s:
                 continue
+            refused = self.refused.get(entry.owner) if self.refused else None
+            if refused is not None and now - refused < self.config.cooldown_s:
+                continue
             namespace = entry.key.partition("/")[0]
             covering = self.budgets.covering(namespace, entry.labels) if self.budgets.budgets else ()
             if any(allowed <= 0 for _, allowed in covering):
@@ -224,6 +233,18 @@ class Movers:
             out.append(Movable(RunningPod(entry.uid, entry.node, entry.request.priority, entry.request,
                                           entry.placement, entry.started, False, covering), entry.owner))
         return out
+
+    def refuse(self, owner: str, refund: bool = True) -> None:
+        """A surge of `owner`'s Deployment was refused before anything was written (an HPA scales it, a
+        rollout was under way), or rolled back (its new replica not Ready in time): none of its pods is
+        planned as a mover within the cooldown. `refund`: the move does not count on the budget (nothing
+        was disturbed)."""
+        now = self.clock()
+        self.refused[owner] = now
+        if refund and self.moves:
+            self.moves.pop()
+        for key in [k for k, at in self.refused.items() if now - at >= self.config.cooldown_s]:
+            del self.refused[key]
 
     def carried_out(self, movers: Iterable[str]) -> None:
         """These pods are being moved: they count on the budget and start their cooldown."""

@@ -1,0 +1,312 @@
+"""Make-before-break migration (docs/defragmentation.md, "Make-before-break"): a mover whose ReplicaSet
+belongs to a Deployment annotated `gpupool.io/migrate: surge` is not evicted. Its Deployment is scaled up by
+one; the ReplicaSet's new replica is placed on the destination held for the mover (the reservation: same
+controller, same request); once the new replica is Ready, the mover gets the lowest
+`controller.kubernetes.io/pod-deletion-cost` and the Deployment is scaled back down, so that its ReplicaSet
+removes the mover. The Deployment never has fewer Ready replicas than its spec had before.
+
+What may go wrong, and what is left behind (never an extra replica, never a count someone else set):
+
+  * the new replica is not Ready within `timeout_s`, or the pod the migration makes room for goes away (or
+    is placed elsewhere, or its nomination ends): roll back. The new replica gets the lowest deletion cost
+    and the count goes back down, so the ReplicaSet removes the new replica, not the mover;
+  * the count is changed by someone else during the surge (a person, a GitOps tool): the scheduler does
+    not write it again (it is theirs now), and the migration stops;
+  * every write of the count is a read-modify-write with the Deployment's resourceVersion as precondition:
+    a conflict (409) is read again and decided again; the Deployment gone (404) ends the surge;
+  * an HPA scales the Deployment, or a rollout is under way: no surge (and no eviction either: the
+    annotation promises no capacity dip). The HPA owns spec.replicas: a surge at its maxReplicas is undone
+    by it at once, and its scale-down stabilisation window remembers the surged count.
+
+The new replica's readiness is read from the ledger (the pod watch the scheduler has anyway), not polled
+from the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool_sched.cache.entries import Phase, PodEntry
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.kube.kubeapi import (
+    ApiError,
+    KubeApi,
+    autoscalers_path,
+    deployment_path,
+    replica_set_path,
+)
+
+log = logging.getLogger(__name__)
+
+MIGRATE = "gpupool.io/migrate"  # on a Deployment: "surge" moves its pods make-before-break
+SURGE = "surge"
+REVISION = "deployment.kubernetes.io/revision"  # the Deployment controller's, on a Deployment and its ReplicaSets
+LOWEST_COST = -2147483648  # int32's least: removed first among pods equally placed, running and ready
+DEFAULT_SURGE_TIMEOUT_S = 300.0
+CONFLICT_RETRIES = 5  # reads and writes of the count when others write the Deployment too
+SCALE_DOWN_WINDOW_S = 120.0  # after Ready: the scale-down and the ReplicaSet's deletion of the mover
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """The Deployment a mover's ReplicaSet belongs to (as read just now)."""
+
+    namespace: str
+    name: str
+    uid: str
+    replica_set: str
+    key: str  # namespace/name, for messages
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a surge ended. `result`: the migrations metric's (surged, rolled_back, refused, failed,
+    abandoned), or "gone": the mover was deleted by someone else meanwhile (its room is free; the count
+    went back, the ReplicaSet removing its least ready pod); `why`: for the Events (None when it worked);
+    `new`: the new replica's namespace/name."""
+
+    result: str
+    why: str | None = None
+    new: str | None = None
+    node: str | None = None  # where the new replica runs
+    replicas: int = 0  # the count before the surge
+
+
+@dataclass(frozen=True, slots=True)
+class _Mover:
+    """A pod as the ledger had it when the surge began (its entry changes when it goes)."""
+
+    uid: str
+    key: str
+    owner: str
+    lineage: str  # the first UID of the pods it replaces (ClusterState.replaced)
+    grace_s: int | None
+    node: str = ""
+
+
+class Refused(Exception):
+    """The scheduler does not scale this Deployment now (an HPA, a rollout): the mover is not moved."""
+
+
+class Surger:
+    def __init__(self, state: ClusterState, api: KubeApi, *, timeout_s: float = DEFAULT_SURGE_TIMEOUT_S,
+                 poll_s: float = 0.2) -> None:
+        self.state = state
+        self.api = api
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+
+    # ---- is the mover's Deployment one that surges? --------------------------------------------------
+    async def deployment_of(self, entry: PodEntry) -> Deployment | None:
+        """The mover's Deployment when it is annotated `gpupool.io/migrate: surge`, else None (moved by
+        eviction). ApiError when it cannot be told (the caller stops: a surge Deployment must not be
+        evicted by mistake)."""
+        kind, _, rest = entry.owner.partition("/")
+        namespace, _, rs_name = rest.partition("/")
+        if kind != "ReplicaSet" or not rs_name:
+            return None
+        try:
+            rs = await self.api.read_object(replica_set_path(namespace, rs_name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None  # the ReplicaSet is gone: nothing scales it; evicted as any other pod
+            raise
+        ref = next((r for r in (rs.get("metadata") or {}).get("ownerReferences") or ()
+                    if isinstance(r, Mapping) and r.get("controller") is True and r.get("kind") == "Deployment"),
+                   None)
+        if ref is None or not isinstance(ref.get("name"), str):
+            return None
+        try:
+            deployment = await self.api.read_object(deployment_path(namespace, ref["name"]))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        meta = deployment.get("metadata") or {}
+        if (meta.get("annotations") or {}).get(MIGRATE) != SURGE:
+            return None
+        return Deployment(namespace, ref["name"], str(meta.get("uid", "")), rs_name, f"{namespace}/{ref['name']}")
+
+    async def _steady(self, target: Deployment) -> tuple[dict[str, Any], int]:
+        """The Deployment now and its spec.replicas, when a surge may start: still annotated, not rolling
+        out (the mover's ReplicaSet is its current one, every replica updated), no HPA scaling it.
+        Refused otherwise; ApiError 404 when it is gone."""
+        deployment = await self.api.read_object(deployment_path(target.namespace, target.name))
+        meta, spec = deployment.get("metadata") or {}, deployment.get("spec") or {}
+        status = deployment.get("status") or {}
+        if (meta.get("annotations") or {}).get(MIGRATE) != SURGE:
+            raise Refused(f"Deployment {target.key} is no longer annotated {MIGRATE}: {SURGE}")
+        replicas = spec.get("replicas", 1)
+        rs = await self.api.read_object(replica_set_path(target.namespace, target.replica_set))
+        rs_revision = ((rs.get("metadata") or {}).get("annotations") or {}).get(REVISION)
+        if (meta.get("generation") != status.get("observedGeneration")
+                or status.get("updatedReplicas", 0) != replicas or status.get("replicas", 0) != replicas
+                or rs_revision != (meta.get("annotations") or {}).get(REVISION)):
+            raise Refused(f"a rollout of Deployment {target.key} is under way (a new replica would go to "
+                          "another ReplicaSet)")
+        hpa = await self._autoscaler(target)
+        if hpa is not None:
+            raise Refused(f"HorizontalPodAutoscaler {target.namespace}/{hpa} scales Deployment {target.key}: "
+                          "the scheduler does not change a count an HPA owns, and the surge annotation rules "
+                          "out an eviction")
+        if not isinstance(replicas, int) or replicas < 1:
+            raise Refused(f"Deployment {target.key} has {replicas} replicas")
+        return deployment, replicas
+
+    async def _autoscaler(self, target: Deployment) -> str | None:
+        """The name of an HPA (autoscaling/v2) whose scaleTargetRef is the Deployment, if any."""
+        try:
+            found = await self.api.read_object(autoscalers_path(target.namespace))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None  # autoscaling/v2 not served: no HPA
+            raise
+        for hpa in found.get("items") or ():
+            ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+            if ref.get("kind") == "Deployment" and ref.get("name") == target.name:
+                return str((hpa.get("metadata") or {}).get("name", "?"))
+        return None
+
+    # ---- the surge -----------------------------------------------------------------------------------
+    async def may_surge(self, target: Deployment) -> Outcome | int:
+        """The Deployment's spec.replicas when a surge may start now, else how it ends before anything is
+        written (refused: an HPA, a rollout; failed: it could not be read)."""
+        try:
+            return (await self._steady(target))[1]
+        except Refused as exc:
+            return Outcome("refused", str(exc))
+        except ApiError as exc:
+            if exc.status == 404:
+                return Outcome("refused", f"Deployment {target.key} is gone")
+            return Outcome("failed", f"reading Deployment {target.key} failed: {exc}")
+
+    async def move(self, blocked: str, mover: PodEntry, target: Deployment, replicas: int,
+                   destination: str) -> Outcome:
+        """Move `mover` by surge for the blocked pod `blocked` (nominated, the destination reserved), its
+        Deployment at `replicas` (`may_surge`)."""
+        # what the ledger entry says now: once the mover goes, its entry becomes the blocked pod's hold
+        who = _Mover(mover.uid, mover.key, mover.owner, self.state.replaced.get(mover.uid, mover.uid),
+                     mover.pod_grace_s)
+        before = {uid for uid, e in self.state.pods.items() if e.owner == who.owner}
+        self.state.surging[who.uid] = (mover.node, destination)
+        try:
+            return await self._surge(blocked, who, target, replicas, before)
+        finally:
+            self.state.surging.pop(who.uid, None)
+
+    async def _surge(self, blocked: str, mover: _Mover, target: Deployment, replicas: int,
+                     before: set[str]) -> Outcome:
+        self.state.extend_migration(blocked, mover.uid, self.timeout_s + SCALE_DOWN_WINDOW_S)
+        try:
+            scaled = await self._scale(target, replicas, replicas + 1)
+        except ApiError as exc:
+            why = f"scaling Deployment {target.key} to {replicas + 1} failed: {exc}"
+            if exc.status == 0 or exc.status >= 500:  # it may have been done: undo it if so
+                return await self._roll_back(target, replicas, None, "failed", why)
+            return Outcome("failed", why, replicas=replicas)
+        if scaled is not None:
+            return Outcome("failed", scaled, replicas=replicas)
+        log.info("surge: Deployment %s scaled %d -> %d to move %s", target.key, replicas, replicas + 1, mover.key)
+        deadline = self.state.clock() + self.timeout_s
+        seen: _Mover | None = None  # the new replica, as last seen in the ledger
+        while True:
+            new = self._new_replica(mover, before)
+            if new is not None:
+                seen = _Mover(new.uid, new.key, new.owner, "", None, new.node)
+                if new.ready:
+                    break
+            if mover.uid not in self.state.pods:  # deleted by someone else: its room is free already
+                return await self._roll_back(target, replicas, None, "gone", f"{mover.key} went away during the surge")
+            if blocked not in self.state.nominations:
+                why = "the pod it made room for went away, was placed elsewhere, or stopped waiting"
+                return await self._roll_back(target, replicas, seen, "abandoned", why)
+            if self.state.clock() >= deadline:
+                said = f"the new replica {seen.key}" if seen is not None else "no new replica"
+                why = f"{said} was not Ready within {self.timeout_s:.0f}s"
+                return await self._roll_back(target, replicas, seen, "rolled_back", why)
+            await asyncio.sleep(self.poll_s)
+        assert seen is not None
+        # the new replica is Ready: the mover goes, the count goes back
+        self.state.extend_migration(blocked, mover.uid, (mover.grace_s or 30) + SCALE_DOWN_WINDOW_S)
+        namespace, _, name = mover.key.partition("/")
+        try:
+            await self.api.set_deletion_cost(namespace, name, mover.uid, LOWEST_COST)
+        except ApiError as exc:
+            if exc.status != 404:  # gone already: the scale-down removes whichever ranks lowest
+                return await self._roll_back(target, replicas, seen, "rolled_back",
+                                             f"marking {mover.key} to go first failed: {exc}")
+        try:
+            scaled = await self._scale(target, replicas + 1, replicas, SCALE_DOWN_WINDOW_S)
+        except ApiError as exc:
+            return Outcome("failed", f"scaling Deployment {target.key} back to {replicas} failed: {exc}", seen.key,
+                           seen.node, replicas)
+        if scaled is not None:
+            return Outcome("failed", scaled, seen.key, seen.node, replicas)
+        log.info("surge: %s Ready on %s; Deployment %s back to %d, %s goes", seen.key, seen.node, target.key,
+                 replicas, mover.key)
+        return Outcome("surged", None, seen.key, seen.node, replicas)
+
+    def _new_replica(self, mover: _Mover, before: set[str]) -> PodEntry | None:
+        """The ReplicaSet's pod created by the surge: placed since it began, with the mover's controller;
+        the one that claimed the mover's reservation first."""
+        found = [e for uid, e in self.state.pods.items()
+                 if e.owner == mover.owner and uid not in before
+                 and e.phase in (Phase.ASSUMED, Phase.BOUND, Phase.CONFIRMED)]
+        if not found:
+            return None
+        return min(found, key=lambda e: (self.state.replaced.get(e.uid) != mover.lineage, not e.ready, e.since))
+
+    async def _roll_back(self, target: Deployment, replicas: int, new: _Mover | None, result: str,
+                         why: str) -> Outcome:
+        """Undo the +1: the new replica (when it is known) goes first, the count goes back if it is still
+        ours. Without a known new replica the ReplicaSet removes an unplaced or unready pod first anyway."""
+        log.warning("surge of Deployment %s rolled back: %s", target.key, why)
+        if new is not None:
+            namespace, _, name = new.key.partition("/")
+            try:
+                await self.api.set_deletion_cost(namespace, name, new.uid, LOWEST_COST)
+            except ApiError as exc:
+                if exc.status != 404:
+                    log.warning("marking %s to go first failed: %s", new.key, exc)
+        try:
+            scaled = await self._scale(target, replicas + 1, replicas, SCALE_DOWN_WINDOW_S)
+        except ApiError as exc:
+            why += f"; scaling Deployment {target.key} back to {replicas} failed: {exc}"
+            return Outcome("failed", why, replicas=replicas)
+        if scaled is not None:
+            why += f"; {scaled}"
+        return Outcome(result, why, new.key if new else None, new.node if new else None, replicas)
+
+    async def _scale(self, target: Deployment, expected: int, replicas: int, persist_s: float = 0.0) -> str | None:
+        """spec.replicas `expected` -> `replicas`, read-modify-write under the Deployment's resourceVersion.
+        None when done (or, scaling down, the Deployment is gone: nothing left to undo); else why it was left
+        alone (someone else changed the count: theirs now). A conflict (409) is read again and decided
+        again; an answer lost or a server error is tried again for `persist_s` (a scale-down: no extra
+        replica may be left behind). ApiError when it still fails."""
+        until = self.state.clock() + persist_s
+        conflicts = 0
+        while True:
+            try:
+                deployment = await self.api.read_object(deployment_path(target.namespace, target.name))
+                now = (deployment.get("spec") or {}).get("replicas", 1)
+                if now != expected:
+                    return (f"spec.replicas of Deployment {target.key} is {now}, not {expected}: changed by "
+                            "someone else, left as it is")
+                version = str((deployment.get("metadata") or {}).get("resourceVersion", ""))
+                await self.api.scale_deployment(target.namespace, target.name, replicas, version)
+                return None
+            except ApiError as exc:
+                if exc.status == 404:
+                    return None if replicas < expected else f"Deployment {target.key} is gone"
+                if exc.status == 409 and conflicts < CONFLICT_RETRIES:
+                    conflicts += 1
+                    log.info("scaling Deployment %s: conflict (%s); reading it again", target.key, exc.message)
+                    continue
+                if not (exc.status in (0, 429) or exc.status >= 500) or self.state.clock() >= until:
+                    raise
+                log.warning("scaling Deployment %s to %d failed (%s); trying again", target.key, replicas, exc)
+                await asyncio.sleep(min(1.0, self.poll_s * 5))
