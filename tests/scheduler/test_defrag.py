@@ -486,12 +486,14 @@ async def pump(service: SchedulerService, until: Callable[[], bool], seconds: fl
 
 
 def surge_writes(server: ApiServer) -> list[tuple[str, Any]]:
-    """The surge's writes in order: ("scale", replicas) and ("cost", pod name)."""
+    """The surge's writes in order: ("scale", replicas) and ("cost", pod name) (the blocked pod's migration
+    record, the other pod patch, is not the surge's)."""
     out: list[tuple[str, Any]] = []
     for method, path, body in server.written:
         if method == "PATCH" and path.endswith("/deployments/tenants/scale"):
             out.append(("scale", body["spec"]["replicas"]))
-        elif method == "PATCH" and "/pods/" in path and not path.endswith("/status"):
+        elif (method == "PATCH" and "/pods/" in path and not path.endswith("/status")
+              and migration_record.MIGRATION_ANNOTATION not in body["metadata"]["annotations"]):
             assert body["metadata"]["annotations"] == {DELETION_COST: str(LOWEST_COST)}
             out.append(("cost", path.rsplit("/", 1)[1]))
     return out
