@@ -310,7 +310,10 @@ def test_bare_pods_are_preempted_not_moved_and_movable_ones_are_moved_not_preemp
     10-unit pods of priority 100 (nothing recreates them), one per GPU of an l40s node: a priority-1000
     pod asking a whole GPU would fit after one move, but bare pods never move, so it preempts one of
     them. Four Deployment tenants of the same priority and shape on a second node: the same pod there
-    gets its GPU by a move, and nobody is preempted (nothing is killed without a destination)."""
+    gets its GPU by a move, and nobody is preempted (nothing is killed without a destination).
+
+    With a wait (`--defrag-after 2`, or the default 60 s) the second pod preempts a tenant on its first
+    try instead: the wait holds back moves, not preemption (docs/defragmentation.md, "When pods move")."""
     proc = start_scheduler(kube, unique("gpupool"), tmp_path_factory.mktemp("defrag-preempt-logs"),
                            "--defrag-after", "0", "--defrag-min-runtime", "0", "--defrag-budget", "10")
     apps = client.AppsV1Api(kube.api_client)
@@ -328,8 +331,9 @@ def test_bare_pods_are_preempted_not_moved_and_movable_ones_are_moved_not_preemp
             gone = sorted(set(before) - left)
             assert len(gone) == 1, f"exactly one bare pod preempted: {gone}"
             preempting = events_for(kube, namespace, "urgent", "Preempting")
-            assert preempting and gone[0] in preempting[0]["message"], preempting
-            assert len(events_for(kube, namespace, gone[0], "Preempted")) == 1
+            assert preempting and gone[0] in preempting[0]["message"], \
+                f"a preemption of {gone}, announced on the pod: {preempting}"
+            assert len(events_for(kube, namespace, gone[0], "Preempted")) == 1, "the victim told it was preempted"
             assert not _events(kube, namespace, "Consolidating") and not _moves(kube, namespace), \
                 "bare pods never move: no Consolidating or Moved Event"
             victim_gpus, _ = device_use(kube, [before[gone[0]]])
