@@ -134,52 +134,87 @@ def fragmented_pool(kube: ClusterClient, namespace: str, scheduler: str, *, node
     return pool, names
 
 
-def test_the_seed_case_moves_one_tenant_and_every_pod_runs(
+def _consolidated(kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, pool: str, nodes: list[str],
+                  blocked: dict[str, Any], app: str, tenants: int) -> tuple[list[dict[str, Any]], set[str]]:
+    """Create `blocked` on a fragmented pool of `tenants` Deployment tenants labelled app=`app`; every pod
+    runs within 2 minutes with at most 3 moves, the Events say who moved for it and where each
+    replacement's room is held, the replacements are there, no GPU is oversubscribed. Returns the Moved
+    Events and the tenants' UIDs after."""
+    name = blocked["metadata"]["name"]
+    before = {p["metadata"]["uid"] for p in _tenants(kube, namespace, app)}
+    replaced = scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result="replaced")
+    began = time.monotonic()
+    kube.core.create_namespaced_pod(namespace, blocked)
+
+    def everything_runs() -> list[dict[str, Any]] | None:
+        pods = list_pods(kube, namespace)
+        mine = [p for p in pods if p["metadata"].get("labels", {}).get("app") == app]
+        it = [p for p in pods if p["metadata"]["name"] == name]
+        if len(mine) != tenants or not it or not all(_bound(p) for p in (*mine, *it)):
+            return None
+        return pods
+
+    pods = wait_until(everything_runs, 120, f"{name} and all {tenants} tenants bound within 2 minutes")
+    took = time.monotonic() - began
+    moved = [m for m in _moves(kube, namespace) if f"to make room for {namespace}/{name} " in m["message"]]
+    assert 1 <= len(moved) <= 3, f"at most 3 moves: {moved}"
+    consolidating = events_for(kube, namespace, name, "Consolidating")
+    assert all(any(m["name"] in c["message"] for c in consolidating) for m in moved), \
+        f"a Consolidating Event on the pod names every mover: {consolidating} {moved}"
+    now = {p["metadata"]["uid"]: p for p in _tenants(kube, namespace, app)}
+    replacements = [p for uid, p in now.items() if uid not in before]
+    assert len(replacements) == len(moved), "one replacement per mover"
+    assert sorted(p["spec"]["nodeName"] for p in replacements) == _held_on(moved), \
+        "every replacement landed on the node its mover's Event said its room was held on"
+    it = next(p for p in pods if p["metadata"]["name"] == name)
+    assert it["spec"]["nodeName"] in nodes
+    assert_no_oversubscription(kube, pods)
+    assert scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked",
+                            result="replaced") - replaced == len(moved), "every replacement took its reservation"
+    print(f"{name}: {len(moved)} move(s), everything bound {took:.1f}s after it was created")
+    return moved, set(now)
+
+
+def test_the_seed_case_and_a_whole_gpu_move_one_tenant_each_and_every_pod_runs(
     kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, controller_manager: None,
 ) -> None:
+    """The seed case (a 35-unit pod, two nodes of tenants), then on a pool of its own a pod asking a whole
+    GPU: one l40s node, four tenants one per GPU, so no GPU is empty; one tenant joins another on the same
+    node (shares gathered to free a whole GPU), its room held there before its eviction, and the pod gets
+    the GPU it leaves. One loop check covers both: a minute after the second, nothing moved again."""
     apps = client.AppsV1Api(kube.api_client)
-    pool, nodes = fragmented_pool(kube, namespace, scheduler.name)
+    made: list[str] = []
     try:
-        before = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
-        # one tenant per GPU: every GPU has 34 of 44 units free
-        gpus, _ = device_use(kube, _tenants(kube, namespace))
-        assert len(gpus) == 8 and all(sum(use.units.values()) == 10 for use in gpus.values())
+        pool, nodes = fragmented_pool(kube, namespace, scheduler.name)
+        made += nodes
+        whole_pool, whole_nodes = fragmented_pool(kube, namespace, scheduler.name, nodes=1, app="whole")
+        made += whole_nodes
 
-        began = time.monotonic()
-        kube.core.create_namespaced_pod(namespace, pod("big", scheduler.name, pool, units=35))
+        moved, seed_uids = _consolidated(kube, namespace, scheduler, pool, nodes,
+                                         pod("big", scheduler.name, pool, units=35), "tenants", 8)
 
-        def everything_runs() -> list[dict[str, Any]] | None:
-            pods = list_pods(kube, namespace)
-            tenants = [p for p in pods if p["metadata"].get("labels", {}).get("app") == "tenants"]
-            big = [p for p in pods if p["metadata"]["name"] == "big"]
-            if len(tenants) != 8 or not big or not all(_bound(p) for p in (*tenants, *big)):
-                return None
-            return pods
-
-        pods = wait_until(everything_runs, 120, "the big pod and all 8 tenants bound")
-        took = time.monotonic() - began
-        moved = _moves(kube, namespace)
-        assert 1 <= len(moved) <= 3, moved
-        big = next(p for p in pods if p["metadata"]["name"] == "big")
-        consolidating = events_for(kube, namespace, "big", "Consolidating")
-        assert consolidating and all(m["name"] in consolidating[0]["message"] for m in moved)
-        now = {p["metadata"]["uid"]: p for p in _tenants(kube, namespace)}
-        replacements = [p for uid, p in now.items() if uid not in before]
-        assert len(replacements) == len(moved)
-        # every replacement landed on the node its mover's Event said its room was held on
-        assert sorted(p["spec"]["nodeName"] for p in replacements) == _held_on(moved)
-        assert big["spec"]["nodeName"] in nodes
-        assert_no_oversubscription(kube, pods)
-        assert scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result="replaced") == len(moved)
-        print(f"seed case: {len(moved)} move(s), everything bound {took:.1f}s after the big pod was created")
+        moved_w, whole_uids = _consolidated(kube, namespace, scheduler, whole_pool, whole_nodes,
+                                            pod("trainer", scheduler.name, whole_pool, gpus=1), "whole", 4)
+        assert len(moved_w) == 1, f"one move frees a whole GPU (the replacement keeps to its reserved GPU): {moved_w}"
+        assert _held_on(moved_w) == [whole_nodes[0]], "room held on the same node"
+        gpus, _ = device_use(kube, [p for p in list_pods(kube, namespace) if p["spec"].get("nodeName")
+                                    in whole_nodes])
+        held_whole = [key for key, use in gpus.items() if use.whole == [f"{namespace}/trainer"]]
+        assert len(held_whole) == 1 and not gpus[held_whole[0]].units, "the pod holds one GPU whole, unshared"
+        assert sorted(sum(use.units.values()) for use in gpus.values() if use.units) == [10, 10, 20], \
+            "the 4 tenants on the 3 other GPUs, two of them gathered on one"
 
         # the loop check: on the consolidated state nothing moves again
         time.sleep(60)
-        assert len(_moves(kube, namespace)) == len(moved)
-        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == set(now)
+        assert len(_moves(kube, namespace)) == len(moved) + len(moved_w), "no Moved Event in the minute after"
+        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == seed_uids, "nobody evicted since"
+        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace, "whole")} == whole_uids, \
+            "nobody evicted since"
     finally:
-        apps.delete_namespaced_deployment("tenants", namespace)
-        kube.delete_nodes(nodes)
+        for app in ("tenants", "whole"):
+            with contextlib.suppress(ApiException):
+                apps.delete_namespaced_deployment(app, namespace)
+        kube.delete_nodes(made)
 
 
 def test_a_spent_budget_makes_the_third_pod_wait_and_says_why(
@@ -213,68 +248,12 @@ def test_a_spent_budget_makes_the_third_pod_wait_and_says_why(
     assert proc.process.returncode == 0, f"scheduler exited with {proc.process.returncode}:\n{proc.tail()}"
 
 
-def test_a_whole_gpu_pod_gets_the_gpu_a_tenant_leaves_for_another_on_the_same_node(
-    kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, controller_manager: None,
-) -> None:
-    """One l40s node, four Deployment tenants of 10 units, one per GPU: no GPU is empty, so a pod asking a
-    whole GPU fits nowhere. One tenant moves next to another on the same node (shares gathered to free a
-    whole GPU), its room held there before its eviction, and the pod gets the GPU it leaves."""
-    apps = client.AppsV1Api(kube.api_client)
-    replaced_before = scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result="replaced")
-    pool, nodes = fragmented_pool(kube, namespace, scheduler.name, nodes=1)
-    try:
-        before = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
-        began = time.monotonic()
-        kube.core.create_namespaced_pod(namespace, pod("trainer", scheduler.name, pool, gpus=1))
-
-        def everything_runs() -> list[dict[str, Any]] | None:
-            pods = list_pods(kube, namespace)
-            tenants = [p for p in pods if p["metadata"].get("labels", {}).get("app") == "tenants"]
-            trainer = [p for p in pods if p["metadata"]["name"] == "trainer"]
-            if len(tenants) != 4 or not trainer or not all(_bound(p) for p in (*tenants, *trainer)):
-                return None
-            return pods
-
-        pods = wait_until(everything_runs, 120, "the whole-GPU pod and all 4 tenants bound within 2 minutes")
-        took = time.monotonic() - began
-        moved = _moves(kube, namespace)
-        assert 1 <= len(moved) <= 3, f"at most 3 moves for one whole GPU: {moved}"
-        consolidating = events_for(kube, namespace, "trainer", "Consolidating")
-        assert consolidating and all(m["name"] in consolidating[0]["message"] for m in moved), \
-            f"the Consolidating Event names every mover: {consolidating} {moved}"
-        assert all(f"to make room for {namespace}/trainer" in m["message"] for m in moved), moved
-        now = {p["metadata"]["uid"]: p for p in _tenants(kube, namespace)}
-        replacements = [p for uid, p in now.items() if uid not in before]
-        assert len(replacements) == len(moved), "one replacement per mover"
-        assert sorted(p["spec"]["nodeName"] for p in replacements) == _held_on(moved) == [nodes[0]] * len(moved), \
-            "every replacement landed on the node its room was held on (the same node)"
-        trainer = next(p for p in pods if p["metadata"]["name"] == "trainer")
-        gpus, _ = device_use(kube, pods)
-        held_whole = [key for key, use in gpus.items() if use.whole == [f"{namespace}/trainer"]]
-        assert len(held_whole) == 1 and not gpus[held_whole[0]].units, "the pod holds one GPU whole, unshared"
-        assert sorted(sum(use.units.values()) for use in gpus.values() if use.units) == [10, 10, 20], \
-            "the 4 tenants on the 3 other GPUs, two of them gathered on one"
-        assert trainer["spec"]["nodeName"] == nodes[0]
-        assert_no_oversubscription(kube, pods)
-        assert scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked",
-                                result="replaced") - replaced_before == len(moved)
-        print(f"whole GPU: {len(moved)} move(s), everything bound {took:.1f}s after the pod was created")
-
-        # the loop check: on the consolidated state nothing moves again
-        time.sleep(60)
-        assert len(_moves(kube, namespace)) == len(moved), "no Moved Event in the minute after"
-        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == set(now), "nobody evicted since"
-    finally:
-        apps.delete_namespaced_deployment("tenants", namespace)
-        kube.delete_nodes(nodes)
-
-
 def test_podgroup_members_never_move_and_the_blocked_pod_waits(
     kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, controller_manager: None,
 ) -> None:
     """The pool and pod of the whole-GPU case, but the four tenants are the members of a PodGroup (a gang
     moves whole or not at all): nothing moves, nothing is evicted, the pod waits with a FailedScheduling
-    Event. Without the PodGroup the same pod gets a GPU by one move (the test above)."""
+    Event. Without the PodGroup the same pod gets a GPU by one move (the whole-GPU half of the first test)."""
     apps = client.AppsV1Api(kube.api_client)
     client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "PodGroup", "metadata": {"name": "serving"},
