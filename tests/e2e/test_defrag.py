@@ -9,12 +9,27 @@ annotations show no GPU oversubscribed, and a minute more moves nothing (no allo
 Without the action (`--defrag off`) the big pod would wait: the scheduler service's own test of that is
 tests/scheduler/test_defrag.py.
 
+The same for a whole-GPU pod on one l40s node of four tenants: no GPU is empty, one tenant joins another
+on the same node and the pod gets the GPU it leaves.
+
+Nothing moves (each next to the case that does move on the same shape):
+  * bare pods (nothing recreates them): a higher-priority pod that would fit after a move preempts one
+    instead; with Deployment tenants of the same priority and shape it is a move, and nobody is preempted;
+  * a tenant moved once (its replacement carries its lineage) within `--defrag-cooldown`: the second
+    blocked pod waits; a scheduler without the cooldown moves it;
+  * PodGroup members: the blocked pod waits and nobody is evicted; the whole-GPU case is the same pool
+    and pod without the PodGroup.
+
 Make-before-break (`gpupool.io/migrate: surge` on the Deployment): the same seed case moves the tenant by a
 +1 replica that becomes Ready before the tenant goes, the Deployment's readyReplicas sampled every 200 ms
-never below its spec; with an HPA on the Deployment the scheduler leaves its count alone."""
+never below its spec; with an HPA on the Deployment the scheduler leaves its count alone.
+
+Failover: the leader is killed after its first eviction, before it hears the answer; the new leader
+finishes the plan from the blocked pod's `gpupool.io/migration` record."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -24,10 +39,13 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from gpupool_common.inventory import parse_inventory
 from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.crds import install_crds
 from gpupool_devcluster.raw import read_json
+from gpupool_sched.framework.plugins.gangs import GROUP, PLURAL, POD_GROUP_LABEL, VERSION
 from gpupool_sched.kube import migration_record
 from tests.support.faultproxy import proxy_for
 from tests.support.scheduler_harness import (
@@ -38,16 +56,19 @@ from tests.support.scheduler_harness import (
     events_for,
     list_pods,
     pod,
+    priority_classes,
     start_scheduler,
     unique,
     wait_until,
 )
 
+FLAGS = ("--defrag-after", "2", "--defrag-min-runtime", "0", "--defrag-budget", "10")
+
 
 @pytest.fixture(scope="module")
 def scheduler(kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SchedulerProcess]:
-    proc = start_scheduler(kube, unique("gpupool"), tmp_path_factory.mktemp("defrag-logs"),
-                           "--defrag-after", "2", "--defrag-min-runtime", "0", "--defrag-budget", "10")
+    install_crds(kube.api_client)  # PodGroups are served before the scheduler lists them
+    proc = start_scheduler(kube, unique("gpupool"), tmp_path_factory.mktemp("defrag-logs"), *FLAGS)
     yield proc
     proc.stop()
     assert proc.process.returncode == 0, f"scheduler exited with {proc.process.returncode}:\n{proc.tail()}"
@@ -57,94 +78,165 @@ def _bound(p: dict[str, Any]) -> bool:
     return bool(p["spec"].get("nodeName")) and not p["metadata"].get("deletionTimestamp")
 
 
-def _tenants(kube: ClusterClient, namespace: str) -> list[dict[str, Any]]:
+def _named(kube: ClusterClient, namespace: str, name: str) -> dict[str, Any] | None:
+    return next((p for p in list_pods(kube, namespace) if p["metadata"]["name"] == name), None)
+
+
+def _tenants(kube: ClusterClient, namespace: str, app: str = "tenants") -> list[dict[str, Any]]:
     return [p for p in list_pods(kube, namespace)
-            if p["metadata"].get("labels", {}).get("app") == "tenants" and not p["metadata"].get("deletionTimestamp")]
+            if p["metadata"].get("labels", {}).get("app") == app and not p["metadata"].get("deletionTimestamp")]
 
 
-def _moves(kube: ClusterClient, namespace: str) -> list[dict[str, Any]]:
-    items = client.CoreV1Api(kube.api_client).list_namespaced_event(namespace, field_selector="reason=Moved").items
+def _events(kube: ClusterClient, namespace: str, reason: str) -> list[dict[str, Any]]:
+    items = client.CoreV1Api(kube.api_client).list_namespaced_event(namespace, field_selector=f"reason={reason}").items
     return [{"name": e.involved_object.name, "message": e.message} for e in items]
 
 
-def fragmented_pool(kube: ClusterClient, namespace: str, scheduler: str, annotations: dict[str, str] | None = None,
-                    pod_annotations: dict[str, str] | None = None, *, grace_s: int = 0) -> tuple[str, list[str]]:
-    """Two l40s nodes (8 GPUs of 44 units) with the 8 replicas of the `tenants` Deployment (10 units; its
-    `annotations`, its pods' `pod_annotations` and grace period `grace_s`) one per GPU: bare 34-unit fillers
-    take a GPU each first (two never share one), the tenants go where 10 units are left, then the fillers
-    go. (kwok's `gpupool.io/stop-takes` pod annotation keeps an evicted tenant terminating that long.)"""
-    apps = client.AppsV1Api(kube.api_client)
-    pool = unique("defrag")
-    nodes = add_pool_nodes(kube, pool, "l40s-pcie", 2)
-    for i in range(8):
-        kube.core.create_namespaced_pod(namespace, pod(f"filler-{i}", scheduler, pool, units=34))
-    wait_until(lambda: sum(1 for p in list_pods(kube, namespace) if _bound(p)) == 8, 60, "8 fillers bound")
-    template = pod("unused", scheduler, pool, units=10, labels={"app": "tenants"}, annotations=pod_annotations)
-    template["spec"]["restartPolicy"] = "Always"
-    template["spec"]["terminationGracePeriodSeconds"] = grace_s
-    del template["metadata"]["name"]
-    apps.create_namespaced_deployment(namespace, {
+def _moves(kube: ClusterClient, namespace: str) -> list[dict[str, Any]]:
+    return _events(kube, namespace, "Moved")
+
+
+def _held_on(moved: list[dict[str, Any]]) -> list[str]:
+    """The nodes the Moved Events say each replacement's room is held on."""
+    return sorted(m["message"].rsplit("room held on node ", 1)[1].split(";")[0] for m in moved)
+
+
+def deployment(kube: ClusterClient, namespace: str, app: str, replicas: int, manifest: dict[str, Any],
+               annotations: dict[str, str] | None = None) -> None:
+    """A Deployment `app` (its `annotations`) of `replicas` pods shaped like `manifest` (a `pod()`), labelled
+    app=`app`."""
+    manifest["metadata"]["labels"]["app"] = app
+    manifest["spec"]["restartPolicy"] = "Always"
+    del manifest["metadata"]["name"]
+    client.AppsV1Api(kube.api_client).create_namespaced_deployment(namespace, {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "tenants", "annotations": dict(annotations or {})},
-        "spec": {"replicas": 8, "selector": {"matchLabels": {"app": "tenants"}},
-                 "template": {"metadata": template["metadata"], "spec": template["spec"]}}})
-    wait_until(lambda: len([p for p in _tenants(kube, namespace) if _bound(p)]) == 8, 90, "8 tenants bound")
-    for i in range(8):
-        kube.core.delete_namespaced_pod(f"filler-{i}", namespace, grace_period_seconds=0)
-    wait_until(lambda: not [p for p in list_pods(kube, namespace) if p["metadata"]["name"].startswith("filler")],
+        "metadata": {"name": app, "annotations": dict(annotations or {})},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": app}},
+                 "template": {"metadata": manifest["metadata"], "spec": manifest["spec"]}}})
+
+
+def fragmented_pool(kube: ClusterClient, namespace: str, scheduler: str, *, nodes: int = 2, app: str = "tenants",
+                    bare: bool = False, priority_class: str | None = None,
+                    labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+                    pod_annotations: dict[str, str] | None = None, grace_s: int = 0) -> tuple[str, list[str]]:
+    """`nodes` l40s nodes (4 GPUs of 44 units each) with one 10-unit tenant per GPU, labelled app=`app`:
+    the replicas of the Deployment `app` (its `annotations`), or with `bare` pods nothing recreates; the
+    tenants carry `pod_annotations` and the grace period `grace_s` (kwok's `gpupool.io/stop-takes` keeps an
+    evicted tenant terminating that long). Bare 34-unit fillers take a GPU each first (two never share
+    one), the tenants go where 10 units are left, then the fillers go."""
+    pool = unique("defrag")
+    names = add_pool_nodes(kube, pool, "l40s-pcie", nodes)
+    gpus = 4 * nodes
+    fillers = [f"filler-{pool}-{i}" for i in range(gpus)]
+    for name in fillers:
+        kube.core.create_namespaced_pod(namespace, pod(name, scheduler, pool, units=34))
+    wait_until(lambda: sum(1 for p in list_pods(kube, namespace) if p["metadata"]["name"] in fillers and _bound(p))
+               == gpus, 60, f"{gpus} fillers bound")
+
+    def tenant(name: str) -> dict[str, Any]:
+        made = pod(name, scheduler, pool, units=10, priority_class=priority_class,
+                   labels={**(labels or {}), "app": app}, annotations=pod_annotations)
+        made["spec"]["terminationGracePeriodSeconds"] = grace_s
+        return made
+
+    if bare:
+        for i in range(gpus):
+            kube.core.create_namespaced_pod(namespace, tenant(f"{app}-{i}"))
+    else:
+        deployment(kube, namespace, app, gpus, tenant("unused"), annotations)
+    wait_until(lambda: len([p for p in _tenants(kube, namespace, app) if _bound(p)]) == gpus, 90,
+               f"{gpus} tenants bound")
+    for name in fillers:
+        kube.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    wait_until(lambda: not [p for p in list_pods(kube, namespace) if p["metadata"]["name"] in fillers],
                60, "fillers gone")
-    gpus, _ = device_use(kube, _tenants(kube, namespace))
-    assert len(gpus) == 8 and all(sum(use.units.values()) == 10 for use in gpus.values())
-    return pool, nodes
+    used, _ = device_use(kube, _tenants(kube, namespace, app))
+    assert len(used) == gpus and all(sum(use.units.values()) == 10 for use in used.values()), \
+        "one 10-unit tenant per GPU"
+    return pool, names
 
 
-def test_the_seed_case_moves_one_tenant_and_every_pod_runs(
+def _consolidated(kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, pool: str, nodes: list[str],
+                  blocked: dict[str, Any], app: str, tenants: int) -> tuple[list[dict[str, Any]], set[str]]:
+    """Create `blocked` on a fragmented pool of `tenants` Deployment tenants labelled app=`app`; every pod
+    runs within 2 minutes with at most 3 moves, the Events say who moved for it and where each
+    replacement's room is held, the replacements are there, no GPU is oversubscribed. Returns the Moved
+    Events and the tenants' UIDs after."""
+    name = blocked["metadata"]["name"]
+    before = {p["metadata"]["uid"] for p in _tenants(kube, namespace, app)}
+    replaced = scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result="replaced")
+    began = time.monotonic()
+    kube.core.create_namespaced_pod(namespace, blocked)
+
+    def everything_runs() -> list[dict[str, Any]] | None:
+        pods = list_pods(kube, namespace)
+        mine = [p for p in pods if p["metadata"].get("labels", {}).get("app") == app]
+        it = [p for p in pods if p["metadata"]["name"] == name]
+        if len(mine) != tenants or not it or not all(_bound(p) for p in (*mine, *it)):
+            return None
+        return pods
+
+    pods = wait_until(everything_runs, 120, f"{name} and all {tenants} tenants bound within 2 minutes")
+    took = time.monotonic() - began
+    moved = [m for m in _moves(kube, namespace) if f"to make room for {namespace}/{name} " in m["message"]]
+    assert 1 <= len(moved) <= 3, f"at most 3 moves: {moved}"
+    consolidating = events_for(kube, namespace, name, "Consolidating")
+    assert all(any(m["name"] in c["message"] for c in consolidating) for m in moved), \
+        f"a Consolidating Event on the pod names every mover: {consolidating} {moved}"
+    now = {p["metadata"]["uid"]: p for p in _tenants(kube, namespace, app)}
+    replacements = [p for uid, p in now.items() if uid not in before]
+    assert len(replacements) == len(moved), "one replacement per mover"
+    assert sorted(p["spec"]["nodeName"] for p in replacements) == _held_on(moved), \
+        "every replacement landed on the node its mover's Event said its room was held on"
+    it = next(p for p in pods if p["metadata"]["name"] == name)
+    assert it["spec"]["nodeName"] in nodes
+    assert_no_oversubscription(kube, pods)
+    assert scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked",
+                            result="replaced") - replaced == len(moved), "every replacement took its reservation"
+    print(f"{name}: {len(moved)} move(s), everything bound {took:.1f}s after it was created")
+    return moved, set(now)
+
+
+def test_the_seed_case_and_a_whole_gpu_move_one_tenant_each_and_every_pod_runs(
     kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, controller_manager: None,
 ) -> None:
+    """The seed case (a 35-unit pod, two nodes of tenants), then on a pool of its own a pod asking a whole
+    GPU: one l40s node, four tenants one per GPU, so no GPU is empty; one tenant joins another on the same
+    node (shares gathered to free a whole GPU), its room held there before its eviction, and the pod gets
+    the GPU it leaves. One loop check covers both: a minute after the second, nothing moved again."""
     apps = client.AppsV1Api(kube.api_client)
-    pool, nodes = fragmented_pool(kube, namespace, scheduler.name)
+    made: list[str] = []
     try:
-        before = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
-        # one tenant per GPU: every GPU has 34 of 44 units free
-        gpus, _ = device_use(kube, _tenants(kube, namespace))
-        assert len(gpus) == 8 and all(sum(use.units.values()) == 10 for use in gpus.values())
+        pool, nodes = fragmented_pool(kube, namespace, scheduler.name)
+        made += nodes
+        whole_pool, whole_nodes = fragmented_pool(kube, namespace, scheduler.name, nodes=1, app="whole")
+        made += whole_nodes
 
-        began = time.monotonic()
-        kube.core.create_namespaced_pod(namespace, pod("big", scheduler.name, pool, units=35))
+        moved, seed_uids = _consolidated(kube, namespace, scheduler, pool, nodes,
+                                         pod("big", scheduler.name, pool, units=35), "tenants", 8)
 
-        def everything_runs() -> list[dict[str, Any]] | None:
-            pods = list_pods(kube, namespace)
-            tenants = [p for p in pods if p["metadata"].get("labels", {}).get("app") == "tenants"]
-            big = [p for p in pods if p["metadata"]["name"] == "big"]
-            if len(tenants) != 8 or not big or not all(_bound(p) for p in (*tenants, *big)):
-                return None
-            return pods
-
-        pods = wait_until(everything_runs, 120, "the big pod and all 8 tenants bound")
-        took = time.monotonic() - began
-        moved = _moves(kube, namespace)
-        assert 1 <= len(moved) <= 3, moved
-        big = next(p for p in pods if p["metadata"]["name"] == "big")
-        consolidating = events_for(kube, namespace, "big", "Consolidating")
-        assert consolidating and all(m["name"] in consolidating[0]["message"] for m in moved)
-        now = {p["metadata"]["uid"]: p for p in _tenants(kube, namespace)}
-        replacements = [p for uid, p in now.items() if uid not in before]
-        assert len(replacements) == len(moved)
-        # every replacement landed on the node its mover's Event said its room was held on
-        held = sorted(m["message"].rsplit("room held on node ", 1)[1].split(";")[0] for m in moved)
-        assert sorted(p["spec"]["nodeName"] for p in replacements) == held
-        assert big["spec"]["nodeName"] in nodes
-        assert_no_oversubscription(kube, pods)
-        assert scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result="replaced") == len(moved)
-        print(f"seed case: {len(moved)} move(s), everything bound {took:.1f}s after the big pod was created")
+        moved_w, whole_uids = _consolidated(kube, namespace, scheduler, whole_pool, whole_nodes,
+                                            pod("trainer", scheduler.name, whole_pool, gpus=1), "whole", 4)
+        assert len(moved_w) == 1, f"one move frees a whole GPU (the replacement keeps to its reserved GPU): {moved_w}"
+        assert _held_on(moved_w) == [whole_nodes[0]], "room held on the same node"
+        gpus, _ = device_use(kube, [p for p in list_pods(kube, namespace) if p["spec"].get("nodeName")
+                                    in whole_nodes])
+        held_whole = [key for key, use in gpus.items() if use.whole == [f"{namespace}/trainer"]]
+        assert len(held_whole) == 1 and not gpus[held_whole[0]].units, "the pod holds one GPU whole, unshared"
+        assert sorted(sum(use.units.values()) for use in gpus.values() if use.units) == [10, 10, 20], \
+            "the 4 tenants on the 3 other GPUs, two of them gathered on one"
 
         # the loop check: on the consolidated state nothing moves again
         time.sleep(60)
-        assert len(_moves(kube, namespace)) == len(moved)
-        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == set(now)
+        assert len(_moves(kube, namespace)) == len(moved) + len(moved_w), "no Moved Event in the minute after"
+        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == seed_uids, "nobody evicted since"
+        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace, "whole")} == whole_uids, \
+            "nobody evicted since"
     finally:
-        apps.delete_namespaced_deployment("tenants", namespace)
-        kube.delete_nodes(nodes)
+        for app in ("tenants", "whole"):
+            with contextlib.suppress(ApiException):
+                apps.delete_namespaced_deployment(app, namespace)
+        kube.delete_nodes(made)
 
 
 def test_a_spent_budget_makes_the_third_pod_wait_and_says_why(
@@ -302,7 +394,7 @@ def test_a_surge_deployment_moves_without_a_dip_in_ready_replicas(
     GPU. Sampled every 200 ms, readyReplicas never drops below 8, also for a minute after (the loop check:
     nothing moves again). With eviction (no annotation) the same sampling sees 7 ready: the test fails."""
     apps = client.AppsV1Api(kube.api_client)
-    pool, nodes = fragmented_pool(kube, namespace, scheduler.name, SURGE, SLOW_READY)
+    pool, nodes = fragmented_pool(kube, namespace, scheduler.name, annotations=SURGE, pod_annotations=SLOW_READY)
     try:
         wait_until(lambda: _deployment(kube, namespace)["status"].get("readyReplicas") == 8, 60, "8 tenants Ready")
         before = {p["metadata"]["uid"]: p for p in _tenants(kube, namespace)}
@@ -375,7 +467,7 @@ def test_an_hpa_and_a_surge_deployment_do_not_fight(
     for more than an HPA sync period (15 s), no tenant moves, the big pod is told why and waits."""
     apps = client.AppsV1Api(kube.api_client)
     autoscaling = client.AutoscalingV2Api(kube.api_client)
-    pool, nodes = fragmented_pool(kube, namespace, scheduler.name, SURGE)
+    pool, nodes = fragmented_pool(kube, namespace, scheduler.name, annotations=SURGE)
     try:
         autoscaling.create_namespaced_horizontal_pod_autoscaler(namespace, {
             "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "tenants-hpa"},
@@ -408,3 +500,204 @@ def test_an_hpa_and_a_surge_deployment_do_not_fight(
     finally:
         apps.delete_namespaced_deployment("tenants", namespace)
         kube.delete_nodes(nodes)
+
+
+def test_podgroup_members_never_move_and_the_blocked_pod_waits(
+    kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, controller_manager: None,
+) -> None:
+    """The pool and pod of the whole-GPU case, but the four tenants are the members of a PodGroup (a gang
+    moves whole or not at all): nothing moves, nothing is evicted, the pod waits with a FailedScheduling
+    Event. Without the PodGroup the same pod gets a GPU by one move (the whole-GPU half of the first test)."""
+    apps = client.AppsV1Api(kube.api_client)
+    client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "PodGroup", "metadata": {"name": "serving"},
+        "spec": {"minMember": 4}})
+    planned_before = scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result="planned")
+    pool, nodes = fragmented_pool(kube, namespace, scheduler.name, nodes=1, labels={POD_GROUP_LABEL: "serving"})
+    try:
+        members = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
+        assert len(members) == 4
+        kube.core.create_namespaced_pod(namespace, pod("trainer", scheduler.name, pool, gpus=1))
+        wait_until(lambda: events_for(kube, namespace, "trainer", "FailedScheduling"), 30,
+                   "FailedScheduling on the blocked pod")
+        time.sleep(8)  # past --defrag-after (2 s) and the retry it brings: a move would have started by now
+        assert not _events(kube, namespace, "Consolidating") and not _moves(kube, namespace), \
+            "no Consolidating or Moved Event"
+        assert scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked",
+                                result="planned") == planned_before, "no migration planned"
+        tenants = _tenants(kube, namespace)
+        assert {p["metadata"]["uid"] for p in tenants} == members and all(_bound(p) for p in tenants), \
+            "every member still runs where it was: nobody evicted"
+        trainer = _named(kube, namespace, "trainer")
+        assert trainer is not None and not trainer["spec"].get("nodeName"), "the blocked pod waits"
+        assert not (trainer.get("status") or {}).get("nominatedNodeName"), "and is nominated nowhere"
+    finally:
+        apps.delete_namespaced_deployment("tenants", namespace)
+        kube.delete_nodes(nodes)
+
+
+def test_bare_pods_are_preempted_not_moved_and_movable_ones_are_moved_not_preempted(
+    kube: ClusterClient, namespace: str, controller_manager: None, tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """`--defrag-after 0`, so the consolidate action comes first on a pod's first try. Four bare
+    10-unit pods of priority 100 (nothing recreates them), one per GPU of an l40s node: a priority-1000
+    pod asking a whole GPU would fit after one move, but bare pods never move, so it preempts one of
+    them. Four Deployment tenants of the same priority and shape on a second node: the same pod there
+    gets its GPU by a move, and nobody is preempted (nothing is killed without a destination).
+
+    With a wait (`--defrag-after 2`, or the default 60 s) the second pod preempts a tenant on its first
+    try instead: the wait holds back moves, not preemption (docs/defragmentation.md, "When pods move")."""
+    proc = start_scheduler(kube, unique("gpupool"), tmp_path_factory.mktemp("defrag-preempt-logs"),
+                           "--defrag-after", "0", "--defrag-min-runtime", "0", "--defrag-budget", "10")
+    apps = client.AppsV1Api(kube.api_client)
+    made: list[str] = []
+    try:
+        with priority_classes(kube, 100, 1000, prefix="defrag") as (low, high):
+            pool, nodes = fragmented_pool(kube, namespace, proc.name, nodes=1, app="bare", bare=True,
+                                          priority_class=low)
+            made += nodes
+            before = {p["metadata"]["name"]: p for p in _tenants(kube, namespace, "bare")}
+            kube.core.create_namespaced_pod(namespace, pod("urgent", proc.name, pool, gpus=1, priority_class=high))
+            urgent = wait_until(lambda: (u := _named(kube, namespace, "urgent")) and _bound(u) and u, 60,
+                                "the high-priority pod bound")
+            left = {p["metadata"]["name"] for p in _tenants(kube, namespace, "bare")}
+            gone = sorted(set(before) - left)
+            assert len(gone) == 1, f"exactly one bare pod preempted: {gone}"
+            preempting = events_for(kube, namespace, "urgent", "Preempting")
+            assert preempting and gone[0] in preempting[0]["message"], \
+                f"a preemption of {gone}, announced on the pod: {preempting}"
+            assert len(events_for(kube, namespace, gone[0], "Preempted")) == 1, "the victim told it was preempted"
+            assert not _events(kube, namespace, "Consolidating") and not _moves(kube, namespace), \
+                "bare pods never move: no Consolidating or Moved Event"
+            victim_gpus, _ = device_use(kube, [before[gone[0]]])
+            urgent_gpus, _ = device_use(kube, [urgent])
+            assert set(urgent_gpus) == set(victim_gpus), "the pod runs on the GPU its victim held"
+            assert proc.metric("gpupool_scheduler_preemption_victims_total") == 1
+            assert proc.metric("gpupool_scheduler_migrations_total", reason="blocked", result="planned") == 0
+
+            # the same priorities and shape with Deployment tenants: a move, no preemption
+            pool2, nodes2 = fragmented_pool(kube, namespace, proc.name, nodes=1, priority_class=low)
+            made += nodes2
+            tenants_before = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
+            kube.core.create_namespaced_pod(namespace, pod("urgent-2", proc.name, pool2, gpus=1,
+                                                           priority_class=high))
+
+            def everything_runs() -> bool:
+                tenants = _tenants(kube, namespace)
+                u = _named(kube, namespace, "urgent-2")
+                return len(tenants) == 4 and all(_bound(p) for p in tenants) and u is not None and _bound(u)
+
+            wait_until(everything_runs, 120, "urgent-2 and all 4 tenants bound")
+            moved = _moves(kube, namespace)
+            assert 1 <= len(moved) <= 3 and all(m["name"].startswith("tenants-") for m in moved), moved
+            assert events_for(kube, namespace, "urgent-2", "Consolidating"), "a move, announced on the pod"
+            assert not events_for(kube, namespace, "urgent-2", "Preempting"), "no preemption for urgent-2"
+            assert len(_events(kube, namespace, "Preempted")) == 1, "only the bare pod was ever preempted"
+            assert proc.metric("gpupool_scheduler_preemption_victims_total") == 1
+            replacements = [p for p in _tenants(kube, namespace) if p["metadata"]["uid"] not in tenants_before]
+            assert len(replacements) == len(moved) and all(p["spec"]["nodeName"] == nodes2[0] for p in replacements)
+            assert_no_oversubscription(kube, list_pods(kube, namespace))
+    finally:
+        with contextlib.suppress(ApiException):  # not made if the first half failed
+            apps.delete_namespaced_deployment("tenants", namespace)
+        kube.delete_nodes(made)
+        proc.stop()
+    assert proc.process.returncode == 0, f"scheduler exited with {proc.process.returncode}:\n{proc.tail()}"
+
+
+def test_a_tenant_moved_once_is_not_moved_again_within_the_cooldown(
+    kube: ClusterClient, namespace: str, controller_manager: None, tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """One l40s node (GPUs of 44 units) shaped by bare pods, which never move, so that only the Deployment
+    `solo` (one 10-unit replica) can: GPU a holds `solo`, GPU b a 30-unit pod, GPUs c and d 44 units each.
+    `big-1` (35 units) fits nowhere: `solo` moves to GPU b (the only room for it) and big-1 takes GPU a.
+    Then the test makes 10 units of room on GPU d (its 44-unit pod replaced by a 34-unit one); `big-2`
+    (12 units) fits nowhere either, and only moving `solo`'s replacement off GPU b (to GPU d) would make
+    room. It was moved within `--defrag-cooldown` (its replacement inherits the lineage), so big-2 waits
+    with a FailedScheduling Event and nothing moves. A scheduler of the same name with no cooldown
+    (`--defrag-cooldown 0`), on the very same state, moves it and big-2 binds: the wait was the cooldown."""
+    logs = tmp_path_factory.mktemp("defrag-cooldown-logs")
+    name = unique("gpupool")
+    proc = start_scheduler(kube, name, logs, *FLAGS, "--defrag-cooldown", "3600")
+    apps = client.AppsV1Api(kube.api_client)
+    pool = unique("cooldown")
+    nodes = add_pool_nodes(kube, pool, "l40s-pcie", 1)
+
+    def bare(pod_name: str, units: int) -> None:
+        kube.core.create_namespaced_pod(namespace, pod(pod_name, proc.name, pool, units=units))
+
+    def bound(*names: str) -> None:
+        wait_until(lambda: all((p := _named(kube, namespace, n)) is not None and _bound(p) for n in names), 60,
+                   f"{', '.join(names)} bound")
+
+    def deleted(pod_name: str) -> None:
+        kube.core.delete_namespaced_pod(pod_name, namespace, grace_period_seconds=0)
+        wait_until(lambda: _named(kube, namespace, pod_name) is None, 60, f"{pod_name} gone")
+
+    def solo() -> list[dict[str, Any]]:
+        return [p for p in _tenants(kube, namespace, "solo") if _bound(p)]
+
+    try:
+        bare("x-c", 44)
+        bare("x-d", 44)
+        bound("x-c", "x-d")
+        bare("filler-b", 35)  # one of the two empty GPUs
+        bound("filler-b")
+        bare("filler-a", 34)  # the other: only 10 units left there
+        bound("filler-a")
+        deployment(kube, namespace, "solo", 1, pod("unused", proc.name, pool, units=10))
+        wait_until(lambda: len(solo()) == 1, 60, "solo bound next to filler-a")
+        deleted("filler-b")
+        bare("x-b", 30)  # GPU b: the only one with 30 units free
+        bound("x-b")
+        deleted("filler-a")
+        gpus, _ = device_use(kube, list_pods(kube, namespace))
+        assert sorted(sum(use.units.values()) for use in gpus.values()) == [10, 30, 44, 44], gpus
+        first = solo()[0]
+
+        kube.core.create_namespaced_pod(namespace, pod("big-1", proc.name, pool, units=35))
+        bound("big-1")
+        wait_until(lambda: len(solo()) == 1 and solo()[0]["metadata"]["uid"] != first["metadata"]["uid"], 60,
+                   "solo's replacement bound")
+        moved = _moves(kube, namespace)
+        assert [m["name"] for m in moved] == [first["metadata"]["name"]], f"one move, of solo: {moved}"
+        wait_until(lambda: proc.metric("gpupool_scheduler_migrations_total", reason="blocked",
+                                       result="replaced") == 1, 30, "the replacement placed on its reservation")
+        replacement = solo()[0]
+        gpus, _ = device_use(kube, list_pods(kube, namespace))
+        shared = [use.units for use in gpus.values() if replacement["metadata"]["name"] in
+                  {k.split("/")[1] for k in use.units}]
+        assert shared and sorted(shared[0].values()) == [10, 30], f"solo's replacement joined x-b: {shared}"
+
+        deleted("x-d")
+        bare("y-d", 34)  # GPU d now has 10 units free: room for solo, not for big-2
+        bound("y-d")
+        kube.core.create_namespaced_pod(namespace, pod("big-2", proc.name, pool, units=12))
+        wait_until(lambda: events_for(kube, namespace, "big-2", "FailedScheduling"), 30,
+                   "FailedScheduling on big-2")
+        time.sleep(8)  # past --defrag-after (2 s) and the retry it brings: a move would have started by now
+        assert len(_moves(kube, namespace)) == 1, f"no second Moved Event: {_moves(kube, namespace)}"
+        assert not events_for(kube, namespace, "big-2", "Consolidating")
+        now = solo()
+        assert len(now) == 1 and now[0]["metadata"]["uid"] == replacement["metadata"]["uid"], \
+            "solo's replacement still runs where it was"
+        waiting = _named(kube, namespace, "big-2")
+        assert waiting is not None and not waiting["spec"].get("nodeName"), "big-2 waits"
+        assert proc.metric("gpupool_scheduler_migrations_total", reason="blocked", result="planned") == 1
+        proc.stop()
+        assert proc.process.returncode == 0, f"scheduler exited with {proc.process.returncode}:\n{proc.tail()}"
+
+        # not vacuous: the same state, no cooldown: solo's replacement moves to GPU d and big-2 runs
+        proc = start_scheduler(kube, name, logs, *FLAGS, "--defrag-cooldown", "0")
+        bound("big-2")
+        moved = _moves(kube, namespace)
+        assert sorted(m["name"] for m in moved) == sorted([first["metadata"]["name"],
+                                                           replacement["metadata"]["name"]]), moved
+        wait_until(lambda: len(solo()) == 1, 60, "solo's second replacement bound")
+        assert_no_oversubscription(kube, list_pods(kube, namespace))
+    finally:
+        with contextlib.suppress(ApiException):
+            apps.delete_namespaced_deployment("solo", namespace)
+        kube.delete_nodes(nodes)
+        proc.stop()
+    assert proc.process.returncode == 0, f"scheduler exited with {proc.process.returncode}:\n{proc.tail()}"

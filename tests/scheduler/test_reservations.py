@@ -11,10 +11,13 @@ import pytest
 
 from gpupool_sched.cache.entries import Phase
 from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.cycle import Cycle
 from gpupool_sched.framework.plugins.movers import DefragConfig, Movers
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets
 from gpupool_sched.framework.statement import Statement
 from gpupool_sched.model.decision import Placement
+from gpupool_sched.placement.decide import decide
+from gpupool_sched.placement.registry import build_policy
 from tests.support.objects import node_obj, pod_obj
 
 _n = itertools.count()
@@ -75,6 +78,28 @@ def test_a_reservation_is_accounted_at_once_and_a_replacement_claims_it() -> Non
         statement.commit()
     assert not state.reservations and reservation.uid not in state.pods
     assert state.replaced[plan.uid] == mover and free_gpus(state, "n2") == before - 1
+
+
+def test_a_replacement_lands_on_the_reserved_devices_not_just_the_node() -> None:
+    """The policy would put a one-GPU pod on one GPU; the reservation holds another of that node. The
+    replacement must take the reserved one: on the mover's own node (shares gathered to free a whole GPU)
+    the policy's pick may be the GPU the blocked pod waits for (tests/e2e/test_defrag.py saw a second
+    move for a whole-GPU pod when the replacement joined the GPU its mover left)."""
+    state, _ = world()
+    mover = running(state, "n1")
+    probe = decide(state.snapshot, state.plan(pod_obj("probe", gpus=1)).request, build_policy("best-fit"))
+    assert isinstance(probe, Placement)  # where the policy puts a one-GPU pod on its own
+    row = state.snapshot.index[probe.node]
+    reserved = max(j for j in range(4) if state.snapshot.free_milli[row][j] == 1000 and (j,) != probe.gpu_indices)
+    reservation = state.reserve("blocked", state.pods[mover], Placement(probe.node, (reserved,), 1000, 46068), 60.0)
+    replacement = pod_obj("new", gpus=1)
+    replacement["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "app", "uid": "o",
+                                                   "controller": True}]
+    result = Cycle(state, lambda: build_policy("best-fit")).schedule(state.plan(replacement))
+    assert result.statement is not None
+    placed = result.statement.placements[0][1]
+    assert (placed.node, placed.gpu_indices) == (probe.node, (reserved,)), placed
+    assert not state.reservations and reservation.uid not in state.pods
 
 
 def test_a_claim_not_placed_and_a_discarded_reservation_are_undone() -> None:

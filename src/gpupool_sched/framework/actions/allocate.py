@@ -14,7 +14,8 @@ from gpupool_sched.cache.entries import plan_shapes
 from gpupool_sched.framework.session import Outcome, Session, Steps
 from gpupool_sched.framework.statement import Statement
 from gpupool_sched.model.cluster import ClusterSnapshot
-from gpupool_sched.model.decision import Unschedulable
+from gpupool_sched.model.decision import Placement, Unschedulable
+from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.decide import NodeSample, decide
 from gpupool_sched.placement.gang import GangUnschedulable, place_gang
 
@@ -56,9 +57,31 @@ def run(session: Session) -> Steps[Outcome | None]:
             if isinstance(decision, Unschedulable):
                 session.unschedulable = decision
                 return None
+            if reservation is not None and decision.node == reservation.destination.node:
+                decision = reserved_devices(snapshot, plan.request, reservation.destination, decision)
             statement.assume(plan, decision)
         statement.commit()
     return Outcome(statement)
+
+
+def reserved_devices(snapshot: ClusterSnapshot, request: PodRequest, reserved: Placement,
+                     decided: Placement) -> Placement:
+    """The devices the reservation held, when they still fit, rather than the policy's pick on that node:
+    on the mover's own node another GPU may be the one the blocked pod waits for."""
+    row = snapshot.row_of(reserved.node)
+    parts = reserved.parts()
+    if any(u in snapshot.mig_taken[row] for part in parts for u in part.mig_devices):
+        return decided
+    snapshot.assume(request, reserved)
+    try:
+        gpus = [j for part in parts for j in part.gpu_indices]
+        fits = (all(snapshot.gpu_usable[row, j] and snapshot.free_milli[row, j] >= 0
+                    and snapshot.gpu_mem_free[row, j] >= 0 for j in gpus)
+                and snapshot.cpu_free[row] >= 0 and snapshot.mem_free[row] >= 0 and snapshot.pods_free[row] >= 0
+                and all(free[row] >= 0 for free in snapshot.mig_free.values()))
+    finally:
+        snapshot.release(request, reserved)
+    return reserved if fits else decided
 
 
 def destination_first(snapshot: ClusterSnapshot, node: str, then: NodeSample | None) -> NodeSample:
