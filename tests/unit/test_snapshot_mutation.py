@@ -359,3 +359,31 @@ def test_random_node_and_pod_changes_match_a_snapshot_built_from_scratch(initial
         snap.release(pod, d)
     empty = ClusterSnapshot(sorted(specs.values(), key=lambda s: s.name))
     assert canonical(snap) == canonical(empty)
+
+
+# ---- fits: exact devices, as a reservation holds them ---------------------------------------------------
+def test_fits_says_whether_exact_devices_take_a_pod_and_changes_nothing():
+    node = NodeSpec("n", 16_000, 64_000, gpus=(GpuSpec(0, "L40S", 45_056), GpuSpec(1, "L40S", 45_056)))
+    snap = ClusterSnapshot([node])
+    share = PodRequest(name="s", cpu_milli=1000, gpu_count=1, gpu_memory_mib=30 * GB)
+    on = [Placement("n", (j,), 0, 30 * GB) for j in (0, 1)]
+    assert snap.fits(share, on[0]) and snap.fits(share, on[1])
+    snap.assume(share, on[0])
+    before = (snap.gpu_mem_free.copy(), snap.cpu_free.copy(), snap.pods_free.copy())
+    assert not snap.fits(share, on[0])  # 15 GB left on GPU 0
+    assert snap.fits(share, on[1])
+    assert not snap.fits(share, Placement("n", (7,), 0, 30 * GB))  # no such GPU
+    assert not snap.fits(share, Placement("elsewhere", (0,), 0, 30 * GB))  # no such node
+    assert not snap.fits(replace(share, cpu_milli=20_000), on[1])  # not the node's CPU
+    after = (snap.gpu_mem_free, snap.cpu_free, snap.pods_free)
+    assert all((a == b).all() for a, b in zip(before, after, strict=True))
+
+
+def test_fits_refuses_a_mig_device_taken():
+    snap = ClusterSnapshot([mig_node("m")])
+    slice_pod = PodRequest(name="g", mig_profile="1g.10gb", mig_count=1)
+    at = Placement("m", mig_devices=("MIG-m-0-b",))
+    assert snap.fits(slice_pod, at)
+    snap.assume(slice_pod, at)
+    assert not snap.fits(slice_pod, at)
+    assert snap.fits(slice_pod, Placement("m", mig_devices=("MIG-m-0-c",)))

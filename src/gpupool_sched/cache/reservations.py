@@ -66,16 +66,7 @@ class Reservations(Nominator):
             return None
         if self._replacement_on(move.destination.node, move.owner, move.request, move.mover, since) is not None:
             return None
-        row = self.snapshot.row_of(move.destination.node)
-        if any(u in self.snapshot.mig_taken[row] for part in move.destination.parts() for u in part.mig_devices):
-            return None
-        after = self.snapshot.copy()
-        try:
-            after.assume(move.request, move.destination)
-        except (ValueError, KeyError):
-            return None
-        if not (after.cpu_free[row] >= 0 and after.mem_free[row] >= 0 and (after.free_milli[row] >= 0).all()
-                and (after.gpu_mem_free[row] >= 0).all()):
+        if not self.snapshot.fits(move.request, move.destination):
             log.warning("not holding %s for the replacement of %s: the room is taken", move.destination.node,
                         move.mover_key)
             return None

@@ -286,6 +286,27 @@ class ClusterSnapshot(SnapshotRows):
         """Account ``request`` (every GPU shape of it) on the node and GPUs of ``placement``."""
         self._apply(request, placement, +1)
 
+    def fits(self, request: PodRequest, placement: Placement) -> bool:
+        """``placement`` (exact devices) can take ``request`` now: nothing it uses would be overcommitted."""
+        row = self.index.get(placement.node)
+        if row is None:
+            return False
+        parts = placement.parts()
+        if any(u in self.mig_taken[row] for part in parts for u in part.mig_devices):
+            return False
+        try:
+            self.assume(request, placement)
+        except ValueError:
+            return False
+        try:
+            gpus = [j for part in parts for j in part.gpu_indices]
+            return bool(all(self.gpu_usable[row, j] and self.free_milli[row, j] >= 0
+                            and self.gpu_mem_free[row, j] >= 0 for j in gpus)
+                        and self.cpu_free[row] >= 0 and self.mem_free[row] >= 0 and self.pods_free[row] >= 0
+                        and all(free[row] >= 0 for free in self.mig_free.values()))
+        finally:
+            self.release(request, placement)
+
     def release(self, request: PodRequest, placement: Placement) -> None:
         """Undo :meth:`assume` exactly (a pod finished, was preempted, or a bind failed)."""
         self._apply(request, placement, -1)

@@ -68,20 +68,7 @@ def reserved_devices(snapshot: ClusterSnapshot, request: PodRequest, reserved: P
                      decided: Placement) -> Placement:
     """The devices the reservation held, when they still fit, rather than the policy's pick on that node:
     on the mover's own node another GPU may be the one the blocked pod waits for."""
-    row = snapshot.row_of(reserved.node)
-    parts = reserved.parts()
-    if any(u in snapshot.mig_taken[row] for part in parts for u in part.mig_devices):
-        return decided
-    snapshot.assume(request, reserved)
-    try:
-        gpus = [j for part in parts for j in part.gpu_indices]
-        fits = (all(snapshot.gpu_usable[row, j] and snapshot.free_milli[row, j] >= 0
-                    and snapshot.gpu_mem_free[row, j] >= 0 for j in gpus)
-                and snapshot.cpu_free[row] >= 0 and snapshot.mem_free[row] >= 0 and snapshot.pods_free[row] >= 0
-                and all(free[row] >= 0 for free in snapshot.mig_free.values()))
-    finally:
-        snapshot.release(request, reserved)
-    return reserved if fits else decided
+    return reserved if snapshot.fits(request, reserved) else decided
 
 
 def destination_first(snapshot: ClusterSnapshot, node: str, then: NodeSample | None) -> NodeSample:
