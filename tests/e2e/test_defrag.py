@@ -539,16 +539,14 @@ def test_podgroup_members_never_move_and_the_blocked_pod_waits(
 def test_bare_pods_are_preempted_not_moved_and_movable_ones_are_moved_not_preempted(
     kube: ClusterClient, namespace: str, controller_manager: None, tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """`--defrag-after 0`, so the consolidate action comes first on a pod's first try. Four bare
-    10-unit pods of priority 100 (nothing recreates them), one per GPU of an l40s node: a priority-1000
-    pod asking a whole GPU would fit after one move, but bare pods never move, so it preempts one of
-    them. Four Deployment tenants of the same priority and shape on a second node: the same pod there
-    gets its GPU by a move, and nobody is preempted (nothing is killed without a destination).
-
-    With a wait (`--defrag-after 2`, or the default 60 s) the second pod preempts a tenant on its first
-    try instead: the wait holds back moves, not preemption (docs/defragmentation.md, "When pods move")."""
+    """Four bare 10-unit pods of priority 100 (nothing recreates them), one per GPU of an l40s node: a
+    priority-1000 pod asking a whole GPU would fit after one move, but bare pods never move, so it
+    preempts one of them at once (no move could place it: `--defrag-after` holds nothing back). Four
+    Deployment tenants of the same priority and shape on a second node: the same pod there waits
+    `--defrag-after` (3 s) without preempting, then gets its GPU by a move, and nobody is preempted
+    (nothing is killed without a destination; on 7e05171 it preempted a tenant on its first try)."""
     proc = start_scheduler(kube, unique("gpupool"), tmp_path_factory.mktemp("defrag-preempt-logs"),
-                           "--defrag-after", "0", "--defrag-min-runtime", "0", "--defrag-budget", "10")
+                           "--defrag-after", "3", "--defrag-min-runtime", "0", "--defrag-budget", "10")
     apps = client.AppsV1Api(kube.api_client)
     made: list[str] = []
     try:
@@ -591,6 +589,9 @@ def test_bare_pods_are_preempted_not_moved_and_movable_ones_are_moved_not_preemp
             moved = _moves(kube, namespace)
             assert 1 <= len(moved) <= 3 and all(m["name"].startswith("tenants-") for m in moved), moved
             assert events_for(kube, namespace, "urgent-2", "Consolidating"), "a move, announced on the pod"
+            waited = [e for e in events_for(kube, namespace, "urgent-2", "FailedScheduling")
+                      if "not preempting meanwhile" in e["message"]]
+            assert waited, "while it waited --defrag-after, the pod was told a move comes, not a preemption"
             assert not events_for(kube, namespace, "urgent-2", "Preempting"), "no preemption for urgent-2"
             assert len(_events(kube, namespace, "Preempted")) == 1, "only the bare pod was ever preempted"
             assert proc.metric("gpupool_scheduler_preemption_victims_total") == 1

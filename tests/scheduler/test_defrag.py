@@ -223,6 +223,50 @@ def test_without_the_action_the_blocked_pod_waits() -> None:
     asyncio.run(with_service(test, enabled=False))
 
 
+def urgent(name: str = "urgent", units: int = 35) -> dict[str, Any]:
+    obj = pod_obj(name, units=units)
+    obj["spec"]["priority"] = 1000  # the tenants' is 0: it may preempt any of them
+    return obj
+
+
+def test_a_pod_that_could_preempt_waits_for_the_move_instead() -> None:
+    """Preemption comes after consolidation, never before: a pod of higher priority that a move would
+    place does not preempt while it waits `--defrag-after`; it is tried again then (on 7e05171 it
+    preempted a tenant on its first try)."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        seed(service, server)
+        pod = add(service, server, urgent())
+        await run_queue(service, rounds=3)
+        assert evictions(server) == [], "no tenant killed while a move could place the pod"
+        assert not service.state.nominations
+        assert pod["metadata"]["uid"] in service.defrag.due  # tried again once the wait is over
+        said = events(server, "FailedScheduling")
+        assert said and "not preempting" in said[-1]["message"], said
+        value = service.metrics.registry.get_sample_value
+        assert not value("gpupool_scheduler_preemption_victims_total")
+
+    asyncio.run(with_service(test, after_s=3600.0))
+
+
+def test_a_pod_that_no_move_can_place_preempts_at_once() -> None:
+    """The other side: when no move would place it (the tenants are bare pods), the wait holds nothing
+    back and the pod preempts on its first try."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        for name in ("n1", "n2"):
+            service.on_node("ADDED", server.put(NODES, node_obj(name)))
+        for node in ("n1", "n2"):
+            for gpu in range(4):
+                obj = tenant(service, node, gpu)
+                del obj["metadata"]["ownerReferences"]  # bare: nothing recreates it
+                add(service, server, obj)
+        add(service, server, urgent())
+        await run_queue(service, rounds=3)
+        assert len(evictions(server)) == 1, "one bare tenant preempted at once"
+        assert not events(server, "Consolidating")
+
+    asyncio.run(with_service(test, after_s=3600.0))
+
+
 # ---- failover: the holds live on the blocked pod (gpupool.io/migration) -----------------------------------
 def where(p: Any) -> tuple[Any, ...]:
     """A placement's devices (the record carries no score)."""

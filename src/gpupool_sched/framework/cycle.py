@@ -42,6 +42,7 @@ class CycleResult:
     blocked_by_budget: Preemption | None = None
     stale: bool = False  # an off-loop plan no longer held when it came back: nothing done, try again
     migration: Consolidation | None = None  # the statement's evictions move pods for it (consolidate)
+    deferred: Consolidation | None = None  # a move would place it later: nothing done, no preemption now
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +110,15 @@ class Cycle:
 
     def decide(self, plans: list[PodPlan], need: int, *, gang: bool, running: Candidates | None = None,
                reclaim: Candidates | None = None, offload: bool = False,
-               movable: Movers | None = None, max_movers: int | None = None) -> Steps[CycleResult | GangResult]:
+               movable: Movers | None = None, max_movers: int | None = None,
+               moves_later: bool = False) -> Steps[CycleResult | GangResult]:
         """The steps of one decision, for a driver: `schedule` / `schedule_gang` run them inline, the
         service with eviction planning on a worker thread (`offload`). `movable`: the pods a lone pod may
-        move out of its way (consolidate; at most `max_movers`, default the cycle's); None: none."""
+        move out of its way (consolidate; at most `max_movers`, default the cycle's); None: none.
+        `moves_later`: it may not move them yet; a move that would place it defers preemption."""
         session = self.session(plans, need, gang=gang, running=running, reclaim=reclaim, offload=offload,
                                movable=movable)
+        session.moves_later = moves_later
         if max_movers is not None:
             session.max_movers = max_movers
         outcome = yield from self.run(session)
@@ -149,7 +153,8 @@ def pod_result(session: Session, outcome: Outcome) -> CycleResult:
     preemption, blocked = outcome.preemption, outcome.blocked_by_budget
     assert not isinstance(preemption, GangPreemption) and not isinstance(blocked, GangPreemption)
     return CycleResult(plan, outcome.statement, unschedulable, session.seconds, preemption,
-                       outcome.reclaim and preemption is not None, blocked, outcome.stale, outcome.migration)
+                       outcome.reclaim and preemption is not None, blocked, outcome.stale, outcome.migration,
+                       outcome.deferred)
 
 
 def gang_result(session: Session, outcome: Outcome) -> GangResult:

@@ -78,6 +78,9 @@ class Outcome:
     reclaim: bool = False  # the evictions take back borrowed quota (victims of any priority)
     stale: bool = False  # an off-loop plan no longer held when it came back: nothing done, try again
     migration: Consolidation | None = None  # the statement's evictions move these pods (consolidate)
+    # a move would place the job but it may not move pods yet (`Session.moves_later`): nothing done, and
+    # no preemption either (moving is tried first); it is tried again once it may
+    deferred: Consolidation | None = None
 
 
 @dataclass
@@ -100,6 +103,7 @@ class Session:
     busy: Callable[[], set[str]] | None = None  # nodes a migration is under way on
     seconds: float = 0.0  # time in the placement core
     unschedulable: Unschedulable | GangUnschedulable | None = None  # why allocate found no room
+    moves_later: bool = False  # `movable` is for a look only: the job has not waited --defrag-after yet
 
     @property
     def priority(self) -> int:

@@ -156,13 +156,21 @@ class Scheduling:
         victims = (lambda: running_pods(self.state, self.budgets, floor)) if preempts else None
         reclaim = ((lambda: self.quotas.reclaim_gang(job.plans, running_pods(self.state, self.budgets)))
                    if preempts and self.quotas.may_reclaim(job.plans[0].namespace) else None)
-        movable, most, not_moved = self._movers(job, preempts)
+        movable, most, not_moved, later = self._movers(job, preempts)
         result = yield from self.cycle.decide(job.plans, job.need, gang=job.gang, running=victims, reclaim=reclaim,
-                                              offload=offload, movable=movable, max_movers=most)
+                                              offload=offload, movable=movable, max_movers=most, moves_later=later)
         self.metrics.algorithm_latency.observe(result.seconds)
         if result.stale:  # the cluster moved while the plan was computed off the loop: try again soon
             for item in job.items:
                 self.queue.backoff(item)
+            return
+        deferred = result.deferred if isinstance(result, CycleResult) else None
+        if deferred is not None and self.defrag is not None:
+            self.defrag.wait(job.plans[0].uid, job.items[0].first_seen, job.priority)
+            self._unschedulable(job, job.says(result.unschedulable.message if result.unschedulable else "") +
+                                f"; moving {len(deferred.moves)} pod(s) off {deferred.node} would make room once "
+                                f"it has waited {self.defrag.movers.config.after_s:.0f}s (--defrag-after): "
+                                "not preempting meanwhile")
             return
         migration = result.migration if isinstance(result, CycleResult) else None
         if migration is not None and self.defrag is not None:
@@ -180,7 +188,7 @@ class Scheduling:
                 self.metrics.preemption_attempts.labels(result="no_plan").inc()
             if not_moved is not None and result.preemption is None:
                 message += f"; no pod moves for it: {not_moved}"
-            if self.defrag is not None and not job.gang and movable is None and not_moved is None:
+            if self.defrag is not None and not job.gang and (movable is None or later) and not_moved is None:
                 self.defrag.wait(job.plans[0].uid, job.items[0].first_seen, job.priority)
             self._unschedulable(job, message)
             return
@@ -202,21 +210,27 @@ class Scheduling:
             log.info("PodGroup %s: %d member(s) placed together on %s", job.key, len(bound),
                      ", ".join(sorted({p.node for _, p in placements})))
 
-    def _movers(self, job: Job, preempts: bool) -> tuple[Callable[[], list[Movable]] | None, int | None, str | None]:
-        """What the consolidate action may move for `job`: (candidates, at most how many, why none). None
-        candidates and no reason: not yet (it has not waited long enough) or not at all (a gang, Never)."""
+    def _movers(self, job: Job, preempts: bool) -> tuple[Callable[[], list[Movable]] | None, int | None, str | None,
+                                                         bool]:
+        """What the consolidate action may move for `job`: (candidates, at most how many, why none, not
+        yet). None candidates and no reason: not at all (a gang, Never, nothing movable while it waits).
+        Not yet: it has not waited `--defrag-after`; the action only looks, and a move it finds holds back
+        preemption until then (moving is cheaper than killing)."""
         if self.defrag is None or not self.defrag.movers.config.enabled or job.gang or not preempts:
-            return None, None, None
+            return None, None, None, False
         movers = self.defrag.movers
         item = job.items[0]
         waited = self.queue.clock() - item.first_seen if item.first_seen is not None else 0.0
+        floor = job.priority
+        most = min(movers.config.max_movers, movers.budget_left())
         if waited < movers.config.after_s:
-            return None, None, None
+            if most <= 0 or not movers.any_movable(floor):
+                return None, None, None, False
+            return (lambda: movers.candidates(floor)), most, None, True
         why = movers.may_move_for(waited)
         if why is not None:
-            return None, None, why
-        floor = job.priority
-        return (lambda: movers.candidates(floor)), min(movers.config.max_movers, movers.budget_left()), None
+            return None, None, why, False
+        return (lambda: movers.candidates(floor)), most, None, False
 
     def _failure(self, job: Job, result: CycleResult | GangResult, why_evicted: str) -> str:
         """Why the job was not placed (for its members' Events), and the evictions it started, if any."""

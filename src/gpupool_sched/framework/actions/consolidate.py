@@ -50,6 +50,8 @@ def run(session: Session) -> Steps[Outcome | None]:
         return None
     if any(count_down([m.pod for m in found.moves])):  # the movers together exceed a budget: not this way
         return None
+    if session.moves_later:
+        return Outcome(deferred=found)  # not yet: and no preemption meanwhile (moving is cheaper)
     if session.offload and not _still_holds(session, found):
         return Outcome(stale=True)
     movers = [m.pod for m in found.moves]
