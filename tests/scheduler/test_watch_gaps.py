@@ -176,3 +176,65 @@ def test_a_gangs_member_quota_and_budget_deleted_in_a_gap_are_gone_too() -> None
         assert service.quotas.check(service.state.plan(pod_obj("p", gpus=1))).ok
 
     asyncio.run(with_service(test))
+
+
+def _meta(uid: str, version: int) -> dict[str, Any]:
+    return {"metadata": {"uid": uid, "name": uid, "namespace": "ns", "resourceVersion": str(version)}}
+
+
+def test_a_relist_holds_only_what_it_changes_and_applies_it_after_its_deletions() -> None:
+    """A re-list is applied a page at a time: unchanged objects are dropped as their page goes by (the
+    whole list is never held: 10,000 pods are ~100 MiB parsed), additions and changes wait until the
+    deletions are known, and the deletions go first (a namesake may replace a deleted object)."""
+    seen: list[tuple[str | None, str]] = []
+    kind = WatchedKind("pods", PODS, lambda k, o: seen.append((k, o["metadata"]["name"])))
+    for uid in ("a", "b", "c"):
+        kind.event("ADDED", _meta(uid, 10))
+    seen.clear()
+    listing = kind.listing()
+    assert not listing.eager
+    listing.page([_meta("a", 10), _meta("b", 20)])
+    assert [key for key, _ in listing.held] == ["b"] and seen == []
+    listing.page([_meta("d", 15)])
+    assert [key for key, _ in listing.held] == ["b", "d"] and seen == []
+    assert listing.end(30) == Drift(added=1, updated=1, deleted=1)
+    assert seen == [("DELETED", "c"), ("MODIFIED", "b"), ("ADDED", "d")]
+
+
+def test_the_startup_list_hands_each_page_over_as_it_comes() -> None:
+    """At start-up nothing is known, so nothing can be deleted: each page's objects go to the state
+    before the next page is asked for, and a paged list (limit/continue, one snapshot) loses nothing."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        server.put(NODES, node_obj("n1"))
+        for i in range(5):
+            server.put(PODS, pod_obj(f"p{i}", gpus=1))
+        handled_at: list[int] = []
+        pods = service.informers["pods"]
+        handler = pods.handler
+        pods.handler = lambda kind, obj: (handled_at.append(server.page_requests), handler(kind, obj))[-1]
+        service.informers.page = 2
+        before = server.page_requests
+        await service.informers.list_all(initial=True)
+        assert len(handled_at) == 5 and len(pods) == 5
+        assert server.page_requests - before >= 3 + 1  # pods in 3 pages, the node and the other kinds
+        assert handled_at[0] < handled_at[-1], "the first page was applied before the last was fetched"
+        assert not server.pages, "every continued list was read to its end"
+
+    asyncio.run(with_service(test))
+
+
+def test_handlers_never_see_managed_fields_and_the_caller_keeps_its_object() -> None:
+    """kube-scheduler's informers strip metadata.managedFields (TransformStripManagedFields): a pending
+    pod's object is kept until it is bound, and the field record is about half its parsed size."""
+    got: list[dict[str, Any]] = []
+    kind = WatchedKind("pods", PODS, lambda _k, o: got.append(o))
+    obj = pod_obj("p", gpus=1)
+    obj["metadata"]["managedFields"] = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
+    kind.event("ADDED", obj)
+    listing = kind.listing()
+    listed = {**obj, "metadata": {**obj["metadata"], "resourceVersion": "999999"}}
+    listing.page([listed])
+    listing.end(999999)
+    assert len(got) == 2 and all("managedFields" not in o["metadata"] for o in got)
+    assert got[0]["spec"] is obj["spec"] and got[0]["metadata"]["name"] == "p"
+    assert "managedFields" in obj["metadata"], "the caller's (kopf's) object is not changed"

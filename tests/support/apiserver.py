@@ -41,12 +41,32 @@ class ApiServer:
         self.partitioned = False  # True: requests are held undelivered (a black hole); dropped if the client goes
         self.reads = 0
         self.lists = 0
+        self.pages: dict[str, tuple[list[dict[str, Any]], str]] = {}  # continue token -> the rest of a list
+        self.page_requests = 0  # LIST requests, every page counted
         self.scale_answers: list[int] = []  # statuses the next scale PATCHes are answered with (then as usual)
         self.replicas: list[int] = []  # spec.replicas of every scale PATCH committed, in order
         self._rv = itertools.count(1000)
 
     def version(self) -> str:
         return str(next(self._rv))
+
+    def _list_page(self, request: web.Request) -> dict[str, Any]:
+        """One page of a LIST: `limit` and `continue` as the API server has them (a continued list is
+        the snapshot its first page was cut from, at that page's resourceVersion)."""
+        token = request.query.get("continue")
+        if token:
+            items, version = self.pages.pop(token)
+        else:
+            self.lists += 1
+            items, version = list(self.objects[request.path].values()), self.version()
+        meta: dict[str, Any] = {"resourceVersion": version}
+        limit = int(request.query.get("limit") or 0)
+        if 0 < limit < len(items):
+            rest = f"page-{len(self.pages)}-{self.page_requests}"
+            self.pages[rest] = (items[limit:], version)
+            items, meta["continue"] = items[:limit], rest
+        self.page_requests += 1
+        return {"items": items, "metadata": meta}
 
     def put(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Store `obj` (a copy, with a new resourceVersion) and return what is stored."""
@@ -94,9 +114,7 @@ class ApiServer:
         if request.method == "GET":
             if request.path not in self.objects:
                 return web.json_response({"kind": "Status", "reason": "NotFound"}, status=404)
-            self.lists += 1
-            return web.json_response({"items": list(self.objects[request.path].values()),
-                                      "metadata": {"resourceVersion": self.version()}})
+            return web.json_response(self._list_page(request))
         return web.json_response({}, status=201)  # Events, status patches
 
     async def _namespaced(self, request: web.Request, parts: list[str]) -> web.StreamResponse:

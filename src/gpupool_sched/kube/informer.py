@@ -14,7 +14,10 @@ watch missed, as client-go's `Store.Replace` does:
   * a listed object never seen: ADDED; listed newer than seen: MODIFIED;
   * anything seen newer than R (the watch is ahead of the list) or seen deleted: left alone.
 Watch events go through `event()`, which drops versions older than (or equal to) what was seen, so a
-list and the watch can interleave in any order.
+list and the watch can interleave in any order. A list is read and applied a page at a time (`Listing`,
+500 objects a page as client-go's pager): a re-list keeps only what it adds or changes until its
+deletions are known, and the start-up list hands each page over as it comes, so the whole list is never
+held at once (10,000 pods are ~100 MiB parsed; kopf's own listing runs at the same time).
 
 `Informers` lists every kind when kopf shows it re-listed (an event of type None after the start-up
 sync: the watch had a gap), and every `consistency_check_s` in any case; what a list repairs is
@@ -44,6 +47,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[str | None, dict[str, Any]], None]
 TOMBSTONE_S = 600.0  # how long a deletion is remembered (a list older than that is not expected)
 RELIST_QUIET_S = 0.5  # kopf hands a re-list over object by object: ours starts once it has been quiet this long
+LIST_PAGE = 500  # objects per LIST page (client-go's pager default)
 RELIST_WAIT_MAX_S = 10.0  # ... or this long after the first of them, however long kopf's takes
 
 
@@ -57,6 +61,16 @@ def _version(obj: Mapping[str, Any]) -> int:
 def _key(meta: Mapping[str, Any]) -> str:
     uid = meta.get("uid")
     return str(uid) if uid else f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+
+
+def without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` without metadata.managedFields (kube-scheduler's informer transform, TransformStripManagedFields):
+    the API server's record of who set which field, never read here, and about half of a pod's parsed
+    size (a pending pod's object is kept until it is bound). A shallow copy: the caller's dict is kopf's."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
 
 @dataclass(slots=True)
@@ -119,34 +133,74 @@ class WatchedKind:
             return False  # a deleted object never comes back; an old or repeated version changes nothing
         else:
             seen.version = version
-        self.handler(kind, obj)
+        self.handler(kind, without_managed_fields(obj))
         return True
 
     def replace(self, items: list[dict[str, Any]], list_version: int) -> Drift:
         """Make the state what the complete list at `list_version` says, keeping anything newer."""
-        drift = Drift()
-        listed = {_key(obj.get("metadata") or {}): obj for obj in items}
-        now = self.clock()
-        for key, seen in list(self._seen.items()):
-            if seen.deleted_at is None and key not in listed and seen.version <= list_version:
+        listing = self.listing()
+        listing.page(items)
+        return listing.end(list_version)
+
+    def listing(self) -> Listing:
+        """Apply one LIST a page at a time (`Listing`)."""
+        return Listing(self, eager=all(s.deleted_at is not None for s in self._seen.values()))
+
+
+class Listing:
+    """One LIST of a kind, applied as its pages come, so that the whole list is never held at once.
+
+    A list that replaces known objects (`eager` False: a re-list) keeps only the objects it adds or
+    changes, and applies them after its deletions (`end`), since a namesake may replace a deleted
+    object. A list where nothing is known yet (start-up) has no deletions to wait for: each object is
+    handed over as its page comes. Watch events may interleave between pages; versions decide, as
+    everywhere (`WatchedKind.event`)."""
+
+    def __init__(self, kind: WatchedKind, *, eager: bool) -> None:
+        self.kind = kind
+        self.eager = eager
+        self.listed: set[str] = set()
+        self.held: list[tuple[str, dict[str, Any]]] = []  # a re-list's additions and changes, until `end`
+        self.drift = Drift()
+
+    def page(self, items: list[dict[str, Any]]) -> None:
+        seen = self.kind._seen
+        for obj in items:
+            key = _key(obj.get("metadata") or {})
+            self.listed.add(key)
+            known = seen.get(key)
+            if known is not None and (known.deleted_at is not None or _version(obj) <= known.version):
+                continue
+            if self.eager:
+                self._apply(key, obj)
+            else:
+                self.held.append((key, obj))
+
+    def _apply(self, key: str, obj: dict[str, Any]) -> None:
+        known = self.kind._seen.get(key)
+        if self.kind.event("ADDED" if known is None else "MODIFIED", obj):
+            if known is None:
+                self.drift.added += 1
+            else:
+                self.drift.updated += 1
+
+    def end(self, list_version: int) -> Drift:
+        """The list is complete: what it lacks and was last seen at or before `list_version` is gone."""
+        kind, now = self.kind, self.kind.clock()
+        for key, seen in list(kind._seen.items()):
+            if seen.deleted_at is None and key not in self.listed and seen.version <= list_version:
                 seen.deleted_at, seen.version = now, list_version
                 meta = {"uid": key, "name": seen.name, "resourceVersion": str(list_version)}
                 if seen.namespace:
                     meta["namespace"] = seen.namespace
-                self.handler("DELETED", {"metadata": meta})
-                drift.deleted += 1
-        for key, obj in listed.items():
-            known = self._seen.get(key)
-            if known is None:
-                drift.added += 1
-            elif known.deleted_at is None and _version(obj) > known.version:
-                drift.updated += 1
-            else:
-                continue
-            self.event("ADDED" if known is None else "MODIFIED", obj)
-        for key in [k for k, s in self._seen.items() if s.deleted_at is not None and now - s.deleted_at > TOMBSTONE_S]:
-            del self._seen[key]
-        return drift
+                kind.handler("DELETED", {"metadata": meta})
+                self.drift.deleted += 1
+        held, self.held = self.held, []
+        for key, obj in held:
+            self._apply(key, obj)
+        for key in [k for k, s in kind._seen.items() if s.deleted_at is not None and now - s.deleted_at > TOMBSTONE_S]:
+            del kind._seen[key]
+        return self.drift
 
 
 class Informers:
@@ -157,6 +211,7 @@ class Informers:
         self.api = api
         self.kinds = {k.name: k for k in kinds}
         self.consistency_check_s = consistency_check_s
+        self.page = LIST_PAGE
         self.synced = False
         self.relists = 0
         self.stale = False  # a gap was seen and its re-list is not applied yet: decide nothing
@@ -188,15 +243,19 @@ class Informers:
         """LIST every kind, in order, and apply what each list says (`initial`: nothing is drift)."""
         out: dict[str, Drift] = {}
         for kind in self.kinds.values():
+            listing, version, pages = kind.listing(), "", 0
             try:
-                items, version = await self.api.list_raw(kind.path)
+                async for items, page_version in self.api.list_pages(kind.path, self.page):
+                    if kind.on_listed is not None and not pages:
+                        kind.on_listed()
+                    pages += 1
+                    version = page_version
+                    listing.page(items)
             except ApiError as exc:
                 if kind.on_error is not None and kind.on_error(exc):
                     continue
                 raise
-            if kind.on_listed is not None:
-                kind.on_listed()
-            drift = kind.replace(items, int(version or 0))
+            drift = listing.end(int(version or 0))
             out[kind.name] = drift
             if initial or not drift:
                 continue

@@ -14,7 +14,7 @@ import asyncio
 import copy
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -159,6 +159,22 @@ class KubeApi:
 
     async def list_raw(self, path: str) -> tuple[list[dict[str, Any]], str]:
         return await self.call(self.list_raw_sync, path)
+
+    async def list_pages(self, path: str, page: int = 500) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        """The objects at `path` a page at a time, each with the list's resourceVersion (every page of
+        one list has the first page's): client-go's pager, so that a caller that needs each object once
+        never holds the whole list (10,000 pods are ~100 MiB as parsed JSON)."""
+        cont: str | None = None
+        while True:
+            query: list[tuple[str, Any]] = [("limit", page)]
+            if cont:
+                query.append(("continue", cont))
+            body = await self.call(self._get, path, query, timeout_s=60)
+            meta = body.get("metadata") or {}
+            yield body.get("items") or [], str(meta.get("resourceVersion") or "")
+            cont = meta.get("continue")
+            if not cont:
+                return
 
     async def read_pod(self, namespace: str, name: str, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
         """The pod as the API server has it now (ApiError 404: it is gone)."""
