@@ -74,7 +74,8 @@ class Gathering:
 
 def free_gpu_mask(snapshot: ClusterSnapshot) -> np.ndarray:
     """[nodes, slots]: usable GPUs nothing is accounted on (whole free)."""
-    return snapshot.gpu_usable & (snapshot.free_milli == MILLI) & (snapshot.gpu_mem_free == snapshot.gpu_mem_total)
+    free = (snapshot.free_milli == MILLI) & (snapshot.gpu_mem_free == snapshot.gpu_mem_total)
+    return snapshot.gpu_usable & free  # type: ignore[no-any-return]
 
 
 def free_gpus(snapshot: ClusterSnapshot) -> int:
