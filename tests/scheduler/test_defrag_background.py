@@ -42,6 +42,7 @@ def test_idle_gathers_one_gpu_at_a_time_with_the_destination_held_before_the_evi
         assert service.state.pods[uid].evicting_for == f"{PURPOSE}1"
         reservation = service.state.reservations[reservation_uid(uid)]
         assert reservation.blocked == f"{PURPOSE}1" and reservation.destination == move.destination
+        assert service.state.migrating_nodes() == {move.pod.node, move.destination.node}, "both ends are busy"
         assert tick(service) is None, "one background migration at a time"
         await service.defrag.migrator.drain()
         await service.recorder.flush()

@@ -196,9 +196,9 @@ class Reservations(Nominator):
         the migration makes room for waits, or both ends of a surge until it is over (at most one migration
         at a time per node)."""
         nodes = {r.destination.node for r in self.reservations.values()}
-        for r in self.reservations.values():  # the node a mover leaves, while it runs (a background move's too)
-            mover = self.pods.get(r.mover)
-            if mover is not None:
+        for r in self.reservations.values():  # the node a mover marked for it leaves, while the mover is there
+            mover = self.pods.get(r.mover)  # (a background move nominates nobody: this is its source)
+            if mover is not None and mover.evicting_for == r.blocked:
                 nodes.add(mover.node)
         for source, destination in self.surging.values():
             nodes.update((source, destination))
