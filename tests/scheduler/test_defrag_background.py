@@ -18,9 +18,9 @@ from gpupool_sched.framework.plugins.movers import DefragConfig, in_window, pars
 from gpupool_sched.placement.background import free_gpus
 from gpupool_sched.scheduler.defrag import PURPOSE
 from gpupool_sched.scheduler.service import SchedulerService
-from tests.scheduler.test_defrag import add, events, evictions, owned, run_queue, seed, with_service
-from tests.support.apiserver import PODS, ApiServer
-from tests.support.objects import pod_obj
+from tests.scheduler.test_defrag import add, events, evictions, owned, run_queue, seed, tenant, with_service
+from tests.support.apiserver import NODES, PODS, ApiServer
+from tests.support.objects import node_obj, pod_obj
 
 IDLE = {"background": "idle", "background_quiet_s": 0.0, "per_hour": 10}
 
@@ -101,6 +101,23 @@ def test_a_pod_that_starts_waiting_mid_migration_spares_the_movers_not_evicted_y
         assert service.state.pods[found.moves[0].pod.uid].evicting_for is None, "spared"
         value = service.metrics.registry.get_sample_value
         assert value("gpupool_scheduler_migrations_total", {"reason": "background", "result": "abandoned"}) == 1
+
+    asyncio.run(with_service(test, **IDLE))
+
+
+def test_pods_of_another_scheduler_are_not_moved() -> None:
+    """Their replacements would be placed by that scheduler, never on the room held for them."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        for name in ("n1", "n2"):
+            service.on_node("ADDED", server.put(NODES, node_obj(name)))
+        for node in ("n1", "n2"):
+            for gpu in range(4):
+                obj = tenant(service, node, gpu)
+                obj["spec"]["schedulerName"] = "default-scheduler"
+                add(service, server, obj)
+        assert len(service.state.pods) == 8 and not any(e.ours for e in service.state.pods.values())
+        assert len(service.defrag.movers.candidates(2**31)) == 8, "movable by kind: only the scheduler differs"
+        assert tick(service) is None and not service.state.reservations
 
     asyncio.run(with_service(test, **IDLE))
 
