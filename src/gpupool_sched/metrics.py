@@ -85,13 +85,20 @@ class SchedulerMetrics:
             self.preemption_victims.labels(reason=reason)
         self.migrations = Counter(
             "gpupool_scheduler_migrations", "Pods moved to defragment, by reason (blocked: for a pod that fit "
-            "nowhere) and result (planned: destination held, eviction or surge to be sent; evicted; surged: "
+            "nowhere; background: background consolidation, to free whole GPUs) and result (planned: "
+            "destination held, eviction or surge to be sent; evicted; surged: "
             "moved make-before-break, its new replica Ready; replaced: its replacement placed on the held "
             "destination; failed: the eviction or a scale was refused; rolled_back: a surge undone, its new "
             "replica not Ready in time; refused: not surged, an HPA scales its Deployment or a rollout was under "
-            "way; abandoned: the pod it moved for went away first)", ["reason", "result"], registry=r)
+            "way; abandoned: the pod it moved for went away first, or, in the background, a pod began waiting "
+            "for GPUs)", ["reason", "result"], registry=r)
         for result in ("planned", "evicted", "surged", "replaced", "failed", "rolled_back", "refused", "abandoned"):
-            self.migrations.labels(reason="blocked", result=result)
+            for reason in ("blocked", "background"):
+                self.migrations.labels(reason=reason, result=result)
+        self.defrag_background_allowed = Gauge(
+            "gpupool_scheduler_defrag_background_allowed", "1 while background consolidation may start a move "
+            "(its mode is on, this instance leads, no pod waits for GPUs, and it is in its window or idle long "
+            "enough)", registry=r)
         self.migration_duration = Histogram(
             "gpupool_scheduler_migration_duration_seconds",
             "From a migration's plan to the pod it made room for being placed",

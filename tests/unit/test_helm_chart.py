@@ -165,6 +165,19 @@ def test_the_defrag_values_reach_the_schedulers_flags() -> None:
             args.defrag_cooldown, args.defrag_surge_timeout) == ("off", 5.0, 0.0, 3, 2, 60.0, 90.0)
 
 
+def test_the_background_consolidation_values_reach_the_schedulers_flags() -> None:
+    """scheduler.defrag.background: off by default, no window flag; a window and a quiet time pass through."""
+    default = build_parser().parse_args(_expanded_command(render(), "rel-gpupool-scheduler")[1:])
+    assert (default.defrag_background, default.defrag_background_window, default.defrag_background_quiet) == (
+        "off", None, 600.0)
+    docs = render("--set", "scheduler.defrag.background.mode=window",
+                  "--set", "scheduler.defrag.background.window=22:30-05:00",
+                  "--set", "scheduler.defrag.background.quietSeconds=30")
+    args = build_parser().parse_args(_expanded_command(docs, "rel-gpupool-scheduler")[1:])
+    assert (args.defrag_background, args.defrag_background_window, args.defrag_background_quiet) == (
+        "window", (22 * 60 + 30, 5 * 60), 30.0)
+
+
 def test_jobs_are_read_only_while_the_scheduler_defragments() -> None:
     """The scheduler lists and watches batch Jobs only with --defrag on (a Job's podFailurePolicy says
     whether its pods may move); the chart grants them only then, and never for the extender alone."""

@@ -32,6 +32,14 @@ class Nominator(Gates):
         self.nominations[uid] = nomination
         return nomination
 
+    def mark_moving(self, uid: str, mover: str) -> None:
+        """Mark `mover` as evicted for `uid` without a nomination (background consolidation: nothing waits
+        for the room it leaves, which is free once it goes); `spare` un-marks it."""
+        entry = self.pods[mover]
+        if entry.evicting_for is not None:
+            raise ValueError(f"pod {entry.key} is already being evicted for {entry.evicting_for}")
+        entry.evicting_for = uid
+
     def adopt_nomination(self, uid: str, key: str, node: str, priority: int,
                          timeout_s: Callable[[set[str]], float], *,
                          reclaims: Callable[[PodEntry], bool] | None = None) -> Nomination | None:

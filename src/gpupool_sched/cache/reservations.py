@@ -32,7 +32,7 @@ class Reservation:
     owner: str  # its controller: the replacement has the same
     request: PodRequest  # what the mover asks: the replacement asks the same
     destination: Placement
-    blocked: str  # UID of the pod the migration makes room for
+    blocked: str  # UID of the pod the migration makes room for (background consolidation: its `background/` id)
     deadline: float  # state clock
     adopted: bool = False  # read from the blocked pod's migration record, not decided by this instance
 
@@ -196,6 +196,10 @@ class Reservations(Nominator):
         the migration makes room for waits, or both ends of a surge until it is over (at most one migration
         at a time per node)."""
         nodes = {r.destination.node for r in self.reservations.values()}
+        for r in self.reservations.values():  # the node a mover marked for it leaves, while the mover is there
+            mover = self.pods.get(r.mover)  # (a background move nominates nobody: this is its source)
+            if mover is not None and mover.evicting_for == r.blocked:
+                nodes.add(mover.node)
         for source, destination in self.surging.values():
             nodes.update((source, destination))
         blocked = {r.blocked for r in self.reservations.values()}

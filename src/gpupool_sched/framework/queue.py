@@ -23,7 +23,7 @@ import contextlib
 import heapq
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Collection, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,6 +264,11 @@ class SchedulingQueue:
     def __len__(self) -> int:
         """Pods waiting (in flight not counted)."""
         return len(self._entries)
+
+    def uids(self) -> Iterator[str]:
+        """The pods waiting or in flight (no order)."""
+        yield from self._entries
+        yield from self._flight
 
     @property
     def in_flight(self) -> int:

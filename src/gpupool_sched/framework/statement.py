@@ -37,6 +37,7 @@ class Statement:
         self._lower_released: list[str] = []  # nominations of lower priority, released for this decision
         self._claimed: list[tuple[str, str]] = []  # (reservation, claimant UID) released for this decision
         self.reserved: list[str] = []  # reservations made (a migration's destinations)
+        self.moving: list[tuple[str, str]] = []  # (background migration, mover) marked without a nomination
 
     def __enter__(self) -> Statement:
         return self
@@ -71,6 +72,14 @@ class Statement:
         """Hold `destination` for `mover`'s replacement, for `timeout_s` (a migration for `blocked`)."""
         self._check_open()
         self.reserved.append(self.state.reserve(blocked.uid, mover, destination, timeout_s).uid)
+
+    def move(self, purpose: str, mover: PodEntry, destination: Placement, timeout_s: float) -> None:
+        """Background consolidation (no pod waits): mark `mover` as evicted for the migration `purpose` and
+        hold `destination` for its replacement, for `timeout_s`."""
+        self._check_open()
+        self.state.mark_moving(purpose, mover.uid)
+        self.moving.append((purpose, mover.uid))
+        self.reserved.append(self.state.reserve(purpose, mover, destination, timeout_s).uid)
 
     def assume(self, plan: PodPlan, placement: Placement) -> None:
         """`plan` placed: accounted at once (its nomination, holds included, ends)."""
@@ -116,6 +125,9 @@ class Statement:
             self.state.spare(plan.uid, (v.uid for v in preemption.victims))
             self.state.end_nomination(plan.uid)
         self.evictions.clear()
+        for purpose, mover in reversed(self.moving):
+            self.state.spare(purpose, (mover,))
+        self.moving.clear()
         for uid in (*self._own_released, *self._lower_released):
             self.state.restore_holds(uid)
         for uid in reversed(self.reserved):

@@ -27,7 +27,7 @@ there (``CandidateBudget``: 10 % of the nodes past the cheap bound, at least 100
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -197,15 +197,37 @@ def plan_consolidation(
 def _take_out(work: ClusterSnapshot, row: int, pods: list[Movable]) -> _NodePlan:
     spec = work.nodes[row]
     memory = {m.pod.uid: memory_held_mib(m.pod.placement, spec) for m in pods}
-    order = sorted(pods, key=lambda m: (-memory[m.pod.uid], m.pod.start_time, m.pod.uid))
+    order = sorted(pods, key=lambda m: mover_order(m, memory))
     for m in order:
         work.release(m.pod.request, m.pod.placement)
     return _NodePlan(row, order, memory)
 
 
-def _same_devices(a: Placement, b: Placement) -> bool:
+def same_devices(a: Placement, b: Placement) -> bool:
+    """``a`` and ``b`` take the same node and devices (a move there would move nothing)."""
     return all(x.node == y.node and x.gpu_indices == y.gpu_indices and x.mig_devices == y.mig_devices
                for x, y in zip(a.parts(), b.parts(), strict=False)) and len(a.parts()) == len(b.parts())
+
+
+def mover_order(m: Movable, memory: dict[str, int]) -> tuple[int, float, str]:
+    """Movers are re-placed the most costly first: most GPU memory held, then the longest running."""
+    return (-memory[m.pod.uid], m.pod.start_time, m.pod.uid)
+
+
+def place_movers(after: ClusterSnapshot, movers: Sequence[Movable], memory: dict[str, int],
+                 destination_of: Callable[[ClusterSnapshot, Movable], Placement | None]) -> tuple[Move, ...] | None:
+    """Give every mover a destination on ``after`` (the movers already taken out), the most costly first,
+    each accounted there before the next is placed (KAI's rule: all or none). ``destination_of`` answers
+    for one mover; a mover without a destination, or sent back onto its own devices, is None for the
+    whole set. ``after`` is modified (the destinations assumed) whatever the answer."""
+    moves: list[Move] = []
+    for m in sorted(movers, key=lambda m: mover_order(m, memory)):
+        destination = destination_of(after, m)
+        if destination is None or same_devices(destination, m.pod.placement):
+            return None
+        after.assume(m.pod.request, destination)
+        moves.append(Move(m.pod, m.owner, destination, memory[m.pod.uid]))
+    return tuple(moves)
 
 
 def _replace_movers(snapshot: ClusterSnapshot, request: PodRequest, plan: _NodePlan, policy: Policy,
@@ -219,27 +241,39 @@ def _replace_movers(snapshot: ClusterSnapshot, request: PodRequest, plan: _NodeP
     if not isinstance(placement, Placement):  # fit_mask said it fits: decide() asks the same question
         raise AssertionError(f"pod {request.name}: no placement on {node} after moving its movers")
     after.assume(request, placement)
-    moves: list[Move] = []
-    for m in sorted(plan.movers, key=lambda m: (-plan.memory[m.pod.uid], m.pod.start_time, m.pod.uid)):
-        destination = decide(after, away_from(m.pod.request, sorted({node, *busy})), policy, rng)
-        if not isinstance(destination, Placement):  # elsewhere on the same node (whole GPUs freed by shares)
-            destination = decide(after, away_from(m.pod.request, sorted(busy)), policy, rng)
-        if not isinstance(destination, Placement) or _same_devices(destination, m.pod.placement):
-            return None
-        after.assume(m.pod.request, destination)
-        moves.append(Move(m.pod, m.owner, destination, plan.memory[m.pod.uid]))
-    return Consolidation(node, placement, tuple(moves), considered)
+
+    def destination_of(work: ClusterSnapshot, m: Movable) -> Placement | None:
+        found = decide(work, away_from(m.pod.request, sorted({node, *busy})), policy, rng)
+        if not isinstance(found, Placement):  # elsewhere on the same node (whole GPUs freed by shares)
+            found = decide(work, away_from(m.pod.request, sorted(busy)), policy, rng)
+        return found if isinstance(found, Placement) else None
+
+    moves = place_movers(after, plan.movers, plan.memory, destination_of)
+    return None if moves is None else Consolidation(node, placement, moves, considered)
+
+
+def overcommitted(snapshot: ClusterSnapshot) -> bool:
+    """Something on ``snapshot`` is accounted beyond what it has (a GPU, CPU, memory or pod slots)."""
+    usable = snapshot.gpu_usable
+    return not bool((snapshot.free_milli[usable] >= 0).all() and (snapshot.gpu_mem_free[usable] >= 0).all()
+                    and (snapshot.cpu_free >= 0).all() and (snapshot.mem_free >= 0).all()
+                    and (snapshot.pods_free >= 0).all())
+
+
+def moved(snapshot: ClusterSnapshot, moves: Sequence[Move]) -> ClusterSnapshot:
+    """A copy of ``snapshot`` with ``moves`` carried out: each mover released, then each placed at its
+    destination (assume() raises for a destination the node does not have)."""
+    after = snapshot.copy()
+    for move in moves:
+        after.release(move.pod.request, move.pod.placement)
+    for move in moves:
+        after.assume(move.pod.request, move.destination)
+    return after
 
 
 def still_fits(snapshot: ClusterSnapshot, request: PodRequest, found: Consolidation) -> bool:
     """``found`` can be carried out on ``snapshot`` as it is now (a plan computed on an older copy): with
     its movers gone, the pod and every replacement placed where the plan says, nothing is overcommitted."""
-    after = snapshot.copy()
-    for move in found.moves:
-        after.release(move.pod.request, move.pod.placement)
+    after = moved(snapshot, found.moves)
     after.assume(request, found.placement)
-    for move in found.moves:
-        after.assume(move.pod.request, move.destination)
-    usable = after.gpu_usable
-    return bool((after.free_milli[usable] >= 0).all() and (after.gpu_mem_free[usable] >= 0).all()
-                and (after.cpu_free >= 0).all() and (after.mem_free >= 0).all() and (after.pods_free >= 0).all())
+    return not overcommitted(after)

@@ -102,8 +102,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--defrag-surge-timeout", type=cli_args.positive(float), default=300.0, metavar="SECONDS",
                    help="a pod of a Deployment annotated gpupool.io/migrate=surge moves make-before-break: the "
                         "new replica must be Ready within this, else the surge is rolled back")
+    p.add_argument("--defrag-background", choices=("off", "idle", "window"), default="off",
+                   help="background consolidation: with no pod waiting for GPUs, move movable shared tenants so "
+                        "that whole GPUs (then whole nodes) come free, one migration at a time, within the same "
+                        "budgets; idle: once no GPU pod has waited for --defrag-background-quiet; window: inside "
+                        "--defrag-background-window (docs/defragmentation.md#background-consolidation)")
+    p.add_argument("--defrag-background-window", type=_window, default=None, metavar="HH:MM-HH:MM",
+                   help="UTC; may wrap midnight (22:00-06:00); equal ends: all day")
+    p.add_argument("--defrag-background-quiet", type=cli_args.non_negative(float), default=600.0,
+                   metavar="SECONDS", help="idle: no GPU pod has waited for this long")
     cli_args.add_consistency_check(p, see="; docs/scheduler.md#guarantees-under-faults")
     cli_args.add_log_level(p)
+
+
+def _window(text: str) -> tuple[int, int]:
+    from gpupool_sched.framework.plugins.movers import parse_window
+
+    try:
+        return parse_window(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,6 +134,15 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("need --retry-period < --renew-deadline < --lease-duration")
     if args.preemption_min_candidate_nodes_percentage == 0 and args.preemption_min_candidate_nodes_absolute == 0:
         raise UserError("--preemption-min-candidate-nodes-percentage and -absolute cannot both be 0")
+    try:
+        defrag = DefragConfig(enabled=args.defrag == "on", after_s=args.defrag_after,
+                              min_runtime_s=args.defrag_min_runtime, max_movers=args.defrag_max_movers,
+                              per_hour=args.defrag_budget, cooldown_s=args.defrag_cooldown,
+                              surge_timeout_s=args.defrag_surge_timeout, background=args.defrag_background,
+                              background_window=args.defrag_background_window,
+                              background_quiet_s=args.defrag_background_quiet)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     api, host, version = connect(args.kubeconfig, component=args.scheduler_name, workers=args.bind_workers)
     identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     config = SchedulerConfig(
@@ -140,10 +167,7 @@ def run(args: argparse.Namespace) -> int:
         preemption_search_budget_s=(None if args.preemption_search_budget_ms is None
                                     else args.preemption_search_budget_ms / 1000),
         consistency_check_s=args.consistency_check_interval,
-        defrag=DefragConfig(enabled=args.defrag == "on", after_s=args.defrag_after,
-                            min_runtime_s=args.defrag_min_runtime, max_movers=args.defrag_max_movers,
-                            per_hour=args.defrag_budget, cooldown_s=args.defrag_cooldown,
-                            surge_timeout_s=args.defrag_surge_timeout),
+        defrag=defrag,
         freeze_gc=True,
     )
     logging.getLogger(__name__).info("API server %s (%s); scheduler %s, identity %s",

@@ -1,24 +1,39 @@
 """The consolidate action's wiring in the scheduler service: which pods may move and the budgets
 (framework/plugins/movers.py), carrying a migration out (writer/migrator.py), trying a blocked pod again
-once it has waited long enough for pods to move for it, reservations that expired, and the metrics."""
+once it has waited long enough for pods to move for it, reservations that expired, and the metrics.
+
+Background consolidation (`--defrag-background`, off by default) runs from the same housekeeping tick
+(`background`): only while leading, only while no real pod waits for GPUs (a replacement of a move waits
+for its reservation: that is no real pod), and then only in the window (`window`) or once no GPU pod has
+waited for `background_quiet_s` (`idle`). One background migration at a time cluster-wide: the next is
+planned once every tenant of the last was moved and every reservation it made ended; after a plan that
+found nothing to gain, not before `BACKGROUND_RETRY_S`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from gpupool_sched.cache.reservations import Reservation
 from gpupool_sched.cache.state import ClusterState
-from gpupool_sched.framework.plugins.movers import DefragConfig, Movers
+from gpupool_sched.framework.actions import background
+from gpupool_sched.framework.plugins.movers import DefragConfig, Movers, in_window
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.metrics import SchedulerMetrics
+from gpupool_sched.placement.background import Gathering
 from gpupool_sched.placement.consolidation import Consolidation
-from gpupool_sched.writer.migrator import REASON, Migrator
+from gpupool_sched.placement.fragmentation import WorkloadProfile
+from gpupool_sched.placement.framework import Policy
+from gpupool_sched.writer.migrator import BACKGROUND, REASON, Migrator
 from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder
 
 BUDGET_REFRESH_S = 30.0  # the default budget (1 % of running GPU pods) is recounted this often, not every tick
+BACKGROUND_RETRY_S = 30.0  # background consolidation plans again this long after a plan found nothing to gain
+PURPOSE = BACKGROUND + "/"  # a background migration's id (the reservations' `blocked`): this and a serial
 
 
 @dataclass
@@ -31,6 +46,15 @@ class Defrag:
     due: dict[str, float] = field(default_factory=dict)  # blocked UID -> queue clock when pods may move for it
     started: dict[str, float] = field(default_factory=dict)  # blocked UID -> queue clock of its migration
     refreshed: float = float("-inf")  # queue clock of the default budget's last count of running GPU pods
+    policy: Callable[[], Policy] | None = None  # background consolidation: the policy's filters place tenants
+    profile: Callable[[], WorkloadProfile] | None = None  # ... and the FGD measure it must not raise
+    hold_s: Callable[[Iterable[str]], float] | None = None  # how long a mover's eviction takes (its grace + slack)
+    utcnow: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    quiet_since: float | None = None  # queue clock since which no real pod waited for GPUs (None: not yet ticked)
+    waiting: bool = False  # a real pod waits for GPUs (as of the last tick)
+    running: str | None = None  # the background migration under way, if any
+    next_plan: float = float("-inf")  # queue clock before which background consolidation does not plan
+    serial: int = 0
 
     @classmethod
     def build(cls, config: DefragConfig, state: ClusterState, budgets: DisruptionBudgets, queue: SchedulingQueue,
@@ -77,5 +101,51 @@ class Defrag:
             self.queue.on_event(ClusterEvent.GPU_FREED)
         self.metrics.defrag_budget_remaining.set(self.movers.budget_left())
 
-    def _replaced(self, _: Reservation) -> None:
-        self.metrics.migrations.labels(reason=REASON, result="replaced").inc()
+    def _replaced(self, reservation: Reservation) -> None:
+        reason = BACKGROUND if reservation.blocked.startswith(PURPOSE) else REASON
+        self.metrics.migrations.labels(reason=reason, result="replaced").inc()
+
+    # ---- background consolidation --------------------------------------------------------------------
+    def background_allowed(self, leading: bool, waiting: bool) -> bool:
+        """Called every housekeeping tick (`waiting`: a real pod waits for GPUs now): whether the mode lets
+        a background move start now."""
+        now = self.queue.clock()
+        config = self.movers.config
+        self.waiting = waiting
+        if waiting or self.quiet_since is None:
+            self.quiet_since = now
+        if config.background == "off" or not leading or waiting:
+            return False
+        if config.background == "window":
+            assert config.background_window is not None
+            utc = self.utcnow()
+            return in_window(config.background_window, utc.hour * 60 + utc.minute)
+        return now - self.quiet_since >= config.background_quiet_s
+
+    def background(self, leading: bool, waiting: bool) -> Gathering | None:
+        """Housekeeping: start one background migration when the mode allows and none is under way; the
+        gathering started, if any."""
+        allowed = self.background_allowed(leading, waiting)
+        self.metrics.defrag_background_allowed.set(1 if allowed else 0)
+        if not allowed or self.policy is None or self.hold_s is None:
+            return None
+        if self.running is not None:
+            if self.running in self.migrator.active or any(
+                    r.blocked == self.running for r in self.state.reservations.values()):
+                return None  # one at a time: its tenants are being moved, or their replacements awaited
+            self.running = None
+            self.next_plan = self.queue.clock()  # the last one done: the next may come at once
+        if self.queue.clock() < self.next_plan:
+            return None
+        self.serial += 1
+        purpose = f"{PURPOSE}{self.serial}"
+        found = background.run(self.state, self.movers, self.policy(), self.profile() if self.profile else None,
+                               purpose, self.hold_s)
+        if found is None:
+            self.next_plan = self.queue.clock() + BACKGROUND_RETRY_S
+            return None
+        self.running = purpose
+        self.migrator.carry_out_background(purpose, found, lambda: not self.waiting)
+        self.movers.carried_out(m.pod.uid for m in found.moves)
+        self.metrics.defrag_budget_remaining.set(self.movers.budget_left())
+        return found

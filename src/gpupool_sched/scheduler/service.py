@@ -39,6 +39,7 @@ from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, QuotaFreed, S
 from gpupool_sched.kube import migration_record
 from gpupool_sched.kube.informer import Informers, WatchedKind
 from gpupool_sched.kube.kubeapi import ApiError, KubeApi
+from gpupool_sched.kube.pod_input import InvalidPod
 from gpupool_sched.kube.podinfo import PodInfo
 from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.placement.candidates import (
@@ -46,6 +47,7 @@ from gpupool_sched.placement.candidates import (
     MIN_CANDIDATE_NODES_PERCENTAGE,
     CandidateBudget,
 )
+from gpupool_sched.scheduler.defrag import PURPOSE as BACKGROUND_PURPOSE
 from gpupool_sched.scheduler.defrag import Defrag
 from gpupool_sched.scheduler.gang_upkeep import GangUpkeep
 from gpupool_sched.scheduler.gauges import Gauges
@@ -154,6 +156,8 @@ class SchedulerService:
         self.quotas.on_freed = lambda quota: self.queue.on_event(QuotaFreed(quota))  # over-quota pods: wake_hints
         self.defrag = Defrag.build(config.defrag, self.state, self.budgets, self.queue, self.preemptor,
                                    self.metrics, self.recorder)
+        self.defrag.policy, self.defrag.hold_s = self.cycle.policy, self.cycle.hold_s  # background consolidation
+        self.defrag.profile = self.policies.profile.profile
         self.informers = Informers(api, self._watched_kinds(), registry=self.metrics.registry,
                                    consistency_check_s=config.consistency_check_s)
         self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
@@ -381,6 +385,9 @@ class SchedulerService:
                 self._verify_unconfirmed()
                 self._expire_nominations()
                 self.defrag.tick()
+                if self.config.defrag.background != "off":
+                    self.defrag.background(self.leader.is_leader and not self.informers.stale,
+                                           self._waiting_for_gpus())
                 if self.leader.is_leader and self.state.abandon_unstarted():
                     self.queue.on_event(ClusterEvent.GPU_FREED)  # a failed-over plan's unevicted movers stay
                 self.gang_upkeep.write_status()
@@ -391,6 +398,25 @@ class SchedulerService:
             except Exception:
                 log.exception("housekeeping failed")
             tick += 1
+
+    def _waiting_for_gpus(self) -> bool:
+        """A real pod of ours waits for GPUs: pending, not placed yet, asking for GPUs, and not the
+        replacement of a background move (that one waits for the room held for it)."""
+        for uid in self.queue.uids():
+            info = self._pending.get(uid)
+            if info is None or uid in self.state.pods:
+                continue
+            try:
+                plan = self.state.plan(info)
+            except InvalidPod:
+                continue
+            if not plan.request.gpu_shapes():
+                continue
+            held = self.state.reservation_for(plan)
+            if held is not None and held.blocked.startswith(BACKGROUND_PURPOSE):
+                continue
+            return True
+        return False
 
     async def _publish_quotas(self) -> None:
         try:

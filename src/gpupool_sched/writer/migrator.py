@@ -9,6 +9,12 @@ that does not complete stops the migration as a refused eviction does.
 A mover already gone (404) is fine. Any other refusal (429: a budget) stops the migration: movers not yet
 evicted are spared and their reservations end, the nomination ends, and the blocked pod is retried after
 its backoff. When the blocked pod goes away meanwhile, the movers not yet evicted are spared (abandoned).
+
+Background consolidation (`carry_out_background`, placement/background.py) moves tenants the same way with
+no blocked pod: nothing is nominated and no migration record is written (a failover drops its holds, see
+docs/defragmentation.md); each tenant gets a "Consolidating" Event saying where and why before it goes and
+"Moved" after, the metric's reason is "background", and when a real pod starts waiting for GPUs the tenants
+not moved yet are spared ("abandoned"; an eviction or a surge already sent completes).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from gpupool_sched.kube.kubeapi import ApiError
 from gpupool_sched.kube.migration_record import MIGRATION_ANNOTATION, MigrationRecord, RecordedMove
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.metrics import SchedulerMetrics
+from gpupool_sched.placement.background import Gathering
 from gpupool_sched.placement.consolidation import Consolidation, Move
 from gpupool_sched.writer.preemptor import Preemptor, Target
 from gpupool_sched.writer.recorder import EventRecorder
@@ -36,6 +43,7 @@ from gpupool_sched.writer.surge import DEFAULT_SURGE_TIMEOUT_S, MIGRATE, SURGE, 
 
 log = logging.getLogger(__name__)
 REASON = "blocked"  # the migrations metric's reason: for a pod that fit nowhere
+BACKGROUND = "background"  # ... and for background consolidation (placement/background.py)
 
 
 class Migrator:
@@ -51,16 +59,22 @@ class Migrator:
         # a controller not to surge again within the cooldown (refused, or rolled back); True: refund the move
         self.on_refused: Callable[[str, bool], None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.active: set[str] = set()  # background migrations whose tenants are still being moved
 
-    def carry_out(self, plan: PodPlan, migration: Consolidation) -> None:
-        """Start moving `migration`'s pods for `plan` (already nominated, destinations reserved)."""
+    def _targets(self, moves: tuple[Move, ...]) -> list[tuple[Move, Target]]:
+        """Who to evict, with the eviction's grace (the checkpoint annotation honoured, capped)."""
         targets = []
-        for move in migration.moves:
+        for move in moves:
             entry = self.state.pods[move.pod.uid]
             namespace, _, name = entry.key.partition("/")
             grace = checkpoint_grace_s(entry, self.preemptor.max_checkpoint_grace_s)
             targets.append((move, Target(move.pod.uid, namespace, name, move.pod.priority, grace,
                                          entry.grace_s if entry.grace_s != grace else None)))
+        return targets
+
+    def carry_out(self, plan: PodPlan, migration: Consolidation) -> None:
+        """Start moving `migration`'s pods for `plan` (already nominated, destinations reserved)."""
+        targets = self._targets(migration.moves)
         self.metrics.migrations.labels(reason=REASON, result="planned").inc(len(targets))
         log.info("pod %s: moving %d pod(s) off %s: %s", plan.key, len(targets), migration.node,
                  ", ".join(f"{t.namespace}/{t.name} -> {m.destination.node}" for m, t in targets))
@@ -149,6 +163,123 @@ class Migrator:
                 + (f"; checkpoint grace {target.grace_s}s" if target.grace_s is not None else "")
                 + (f" ({CHECKPOINT_GRACE} asks {target.asked_s}s; capped at {target.grace_s}s)"
                    if target.asked_s is not None else ""))
+
+    def carry_out_background(self, purpose: str, gathering: Gathering, live: Callable[[], bool]) -> None:
+        """Start moving `gathering`'s tenants (background consolidation; each marked as moving for `purpose`
+        and its destination reserved). `live()` False (a real pod waits for GPUs) spares those not moved yet."""
+        targets = self._targets(gathering.moves)
+        self.metrics.migrations.labels(reason=BACKGROUND, result="planned").inc(len(targets))
+        log.info("background consolidation %s: freeing GPU %d of %s (whole free GPUs %d -> %d): %s", purpose,
+                 gathering.gpu, gathering.node, gathering.free_gpus_before, gathering.free_gpus_after,
+                 ", ".join(f"{t.namespace}/{t.name} -> {m.destination.node}" for m, t in targets))
+        self.active.add(purpose)
+        self._spawn(self._run_background(purpose, gathering, targets, live))
+
+    async def _run_background(self, purpose: str, gathering: Gathering, targets: list[tuple[Move, Target]],
+                              live: Callable[[], bool]) -> None:
+        try:
+            await self._move_background(purpose, gathering, targets, live)
+        finally:
+            self.active.discard(purpose)
+
+    async def _move_background(self, purpose: str, gathering: Gathering, targets: list[tuple[Move, Target]],
+                               live: Callable[[], bool]) -> None:
+        why = (f"background consolidation: GPU {gathering.gpu} of node {gathering.node} comes free whole "
+               f"(whole free GPUs {gathering.free_gpus_before} -> {gathering.free_gpus_after}"
+               + (f", node {gathering.node} free" if gathering.node_freed else "")
+               + (f"; fragmentation {gathering.fragmentation_before / 1000:.2f} -> "
+                  f"{gathering.fragmentation_after / 1000:.2f} GPUs"
+                  if gathering.fragmentation_before is not None and gathering.fragmentation_after is not None else "")
+               + ")")
+        surges: dict[str, Deployment] = {}
+        for _, target in targets:
+            entry = self.state.pods.get(target.uid)
+            try:
+                found = await self.surger.deployment_of(entry) if entry is not None else None
+            except ApiError as exc:
+                self._stop_background(purpose, [t for _, t in targets], "failed",
+                                      f"reading the Deployment of {target.namespace}/{target.name} failed: {exc}")
+                return
+            if found is not None:
+                surges[target.uid] = found
+        targets = sorted(targets, key=lambda mt: mt[1].uid not in surges)
+        for i, (move, target) in enumerate(targets):
+            if not live():
+                self._stop_background(purpose, [t for _, t in targets[i:]], "abandoned",
+                                      "a pod waits for GPUs: background moves stop")
+                return
+            where = f"node {move.destination.node} GPU {','.join(map(str, move.destination.gpu_indices))}"
+            self.recorder.record(target.namespace, target.name, target.uid, "Normal", "Consolidating",
+                                 f"Moving off node {move.pod.node} GPU "
+                                 f"{','.join(map(str, move.pod.placement.gpu_indices))} to {where}, held for its "
+                                 f"replacement{' (by surge)' if target.uid in surges else ''}: {why}")
+            deployment = surges.get(target.uid)
+            if deployment is not None:
+                stopped = await self._surge_background(purpose, move, target, deployment)
+                if stopped is not None:
+                    self._stop_background(purpose, [t for _, t in targets[i:]], *stopped)
+                    return
+                continue
+            try:
+                await self.preemptor.evict_pod(target.namespace, target.name, target.uid, target.grace_s)
+            except ApiError as exc:
+                if exc.status == 404:
+                    continue
+                blocked = "a PodDisruptionBudget forbids it" if exc.status == 429 else str(exc)
+                self._stop_background(purpose, [t for _, t in targets[i:]], "failed",
+                                      f"evicting {target.namespace}/{target.name} failed: {blocked}")
+                return
+            self.metrics.migrations.labels(reason=BACKGROUND, result="evicted").inc()
+            self.recorder.record(
+                target.namespace, target.name, target.uid, "Normal", "Moved",
+                f"Moved off node {move.pod.node} by background consolidation; its replacement has room held on "
+                f"node {move.destination.node}"
+                + (f"; checkpoint grace {target.grace_s}s" if target.grace_s is not None else ""))
+
+    async def _surge_background(self, purpose: str, move: Move, target: Target,
+                                deployment: Deployment) -> tuple[str, str] | None:
+        """One tenant moved make-before-break for background consolidation; when it stops, the result and why."""
+        entry = self.state.pods.get(target.uid)
+        if entry is None:
+            return None
+        replicas = await self.surger.may_surge(deployment)
+        if isinstance(replicas, int):
+            self.recorder.record_object(
+                ("apps/v1", "Deployment"), deployment.namespace, deployment.name, deployment.uid, "Normal",
+                "Surging", f"Scaling {replicas} -> {replicas + 1} to move {target.namespace}/{target.name} off node "
+                f"{move.pod.node} (background consolidation, {MIGRATE}: {SURGE}); back to {replicas} once the new "
+                "replica is Ready")
+            outcome = await self.surger.move(purpose, entry, deployment, replicas, move.destination.node,
+                                             live=lambda: True)  # started: it completes or times out
+        else:
+            outcome = replicas
+        if outcome.result == "gone":
+            return None
+        if outcome.result == "surged":
+            self.metrics.migrations.labels(reason=BACKGROUND, result="surged").inc()
+            self.recorder.record(
+                target.namespace, target.name, target.uid, "Normal", "Moved",
+                f"Moved by surge off node {move.pod.node} by background consolidation: its new replica "
+                f"{outcome.new} became Ready on node {outcome.node}")
+            return None
+        if outcome.result in ("refused", "rolled_back") and self.on_refused is not None:
+            self.on_refused(move.owner, outcome.result == "refused")
+        self.recorder.record(target.namespace, target.name, target.uid, "Normal", "NotMoved",
+                             f"Not moved off node {move.pod.node} by background consolidation: {outcome.why}")
+        return outcome.result, f"moving {target.namespace}/{target.name} by surge: {outcome.why}"
+
+    def _stop_background(self, purpose: str, remaining: list[Target], result: str, why: str) -> None:
+        """Spare the tenants not moved yet and end their reservations (counted under `result`)."""
+        self.metrics.migrations.labels(reason=BACKGROUND, result=result).inc(len(remaining))
+        self.state.spare(purpose, (t.uid for t in remaining))
+        freed = False
+        for target in remaining:
+            freed |= self.state.end_reservation(reservation_uid(target.uid))
+        if freed:
+            self.queue.on_event(ClusterEvent.GPU_FREED)
+        if remaining:
+            log.log(logging.INFO if result == "abandoned" else logging.WARNING,
+                    "background consolidation %s stopped, %d tenant(s) not moved: %s", purpose, len(remaining), why)
 
     async def _surge(self, plan: PodPlan, migration: Consolidation, move: Move, target: Target,
                      deployment: Deployment, what: str) -> tuple[str, str] | None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,21 +185,23 @@ class Surger:
             return Outcome("failed", f"reading Deployment {target.key} failed: {exc}")
 
     async def move(self, blocked: str, mover: PodEntry, target: Deployment, replicas: int,
-                   destination: str) -> Outcome:
+                   destination: str, live: Callable[[], bool] | None = None) -> Outcome:
         """Move `mover` by surge for the blocked pod `blocked` (nominated, the destination reserved), its
-        Deployment at `replicas` (`may_surge`)."""
+        Deployment at `replicas` (`may_surge`). `live()`: the migration still stands (default: `blocked`
+        is still nominated; a background migration, which nominates nobody, says its own)."""
         # what the ledger entry says now: once the mover goes, its entry becomes the blocked pod's hold
         who = _Mover(mover.uid, mover.key, mover.owner, self.state.replaced.get(mover.uid, mover.uid),
                      mover.pod_grace_s)
         before = {uid for uid, e in self.state.pods.items() if e.owner == who.owner}
         self.state.surging[who.uid] = (mover.node, destination)
         try:
-            return await self._surge(blocked, who, target, replicas, before)
+            return await self._surge(blocked, who, target, replicas, before,
+                                     live or (lambda: blocked in self.state.nominations))
         finally:
             self.state.surging.pop(who.uid, None)
 
     async def _surge(self, blocked: str, mover: _Mover, target: Deployment, replicas: int,
-                     before: set[str]) -> Outcome:
+                     before: set[str], live: Callable[[], bool]) -> Outcome:
         self.state.extend_migration(blocked, mover.uid, self.timeout_s + SCALE_DOWN_WINDOW_S)
         try:
             scaled = await self._scale(target, replicas, replicas + 1)
@@ -221,7 +223,7 @@ class Surger:
                     break
             if mover.uid not in self.state.pods:  # deleted by someone else: its room is free already
                 return await self._roll_back(target, replicas, None, "gone", f"{mover.key} went away during the surge")
-            if blocked not in self.state.nominations:
+            if not live():
                 why = "the pod it made room for went away, was placed elsewhere, or stopped waiting"
                 return await self._roll_back(target, replicas, seen, "abandoned", why)
             if self.state.clock() >= deadline:
