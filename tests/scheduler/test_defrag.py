@@ -210,6 +210,27 @@ def test_bare_pods_and_pods_that_say_no_never_move() -> None:
     asyncio.run(with_service(test))
 
 
+def test_pods_another_scheduler_places_never_move() -> None:
+    """Their replacement is placed by the other scheduler, which knows nothing of the destination held
+    for it: the room could be taken twice over, or the replacement land anywhere (on 7e05171 such a
+    tenant was moved)."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        for name in ("n1", "n2"):
+            service.on_node("ADDED", server.put(NODES, node_obj(name)))
+        for node in ("n1", "n2"):
+            for gpu in range(4):
+                obj = tenant(service, node, gpu)
+                obj["spec"]["schedulerName"] = "default-scheduler"
+                add(service, server, obj)
+        add(service, server, pod_obj("big", units=35))
+        await run_queue(service, rounds=3)
+        assert evictions(server) == [] and not service.state.reservations
+        tenants = [e for e in service.state.pods.values() if e.key.startswith("ns/tenants-")]
+        assert len(tenants) == 8 and not any(e.ours for e in tenants)
+
+    asyncio.run(with_service(test))
+
+
 def test_without_the_action_the_blocked_pod_waits() -> None:
     """The seed case with `--defrag off`: what the tests above show is the action's doing."""
     async def test(service: SchedulerService, server: ApiServer) -> None:

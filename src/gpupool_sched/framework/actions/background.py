@@ -34,8 +34,7 @@ def run(state: ClusterState, movers: Movers, policy: Policy, profile: WorkloadPr
     budget = movers.budget_left()
     if budget <= 0:
         return None
-    # only pods this scheduler places: another scheduler's replacement would never take the room held for it
-    movable = [m for m in movers.candidates(ANY_PRIORITY) if state.pods[m.pod.uid].ours]
+    movable = movers.candidates(ANY_PRIORITY)  # only pods this scheduler places (`Movers.candidates`)
     if not movable:
         return None
     found = plan_background(state.snapshot, movable, policy, profile=profile, busy=frozenset(state.migrating_nodes()),

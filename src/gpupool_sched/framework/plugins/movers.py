@@ -8,8 +8,9 @@ Job's pod whose Job does not tolerate a disruption (or is not known: the Jobs ar
 action is on), a pod younger than `min_runtime_s`, a gang member (a gang moves whole or not at all; not
 planned yet), a pod a PodDisruptionBudget protects now, a pod being evicted, a pod (or a replacement of it)
 moved within `cooldown_s`, and a pod of a controller whose surge was refused or rolled back within
-`cooldown_s` (writer/surge.py: an HPA scales its Deployment, its new replica was not Ready in time). Only
-pods that hold GPUs are candidates: moving a CPU-only pod frees no GPU.
+`cooldown_s` (writer/surge.py: an HPA scales its Deployment, its new replica was not Ready in time), and a
+pod another scheduler places (its replacement would never take the room held for it). Only pods that hold
+GPUs are candidates: moving a CPU-only pod frees no GPU.
 
 The movable pods are kept in a set by a ledger watcher (`Movers._track`), with the Job-owned ones indexed
 by their Job, so that a Job that appears or goes re-judges its own pods only.
@@ -253,7 +254,8 @@ class Movers:
         out: list[Movable] = []
         for uid in sorted(self.movable):
             entry = self.state.pods.get(uid)
-            if (entry is None or entry.phase not in (Phase.BOUND, Phase.CONFIRMED) or entry.evicting_for is not None
+            if (entry is None or not entry.ours or entry.phase not in (Phase.BOUND, Phase.CONFIRMED)
+                    or entry.evicting_for is not None
                     or not entry.applied or entry.request.priority > priority or not _holds_gpus(entry)
                     or not movable_kind(entry, self.tolerant_jobs)
                     or POD_GROUP_LABEL in entry.labels or entry.started <= 0
