@@ -130,3 +130,22 @@ def test_the_extenders_filter_and_prioritize_of_one_pod_parse_it_once(parses: li
     assert extender.prioritize(args)[0]["Score"] > 0
     assert extender.filter(args)["NodeNames"] == ["n1"]  # kube-scheduler asks again on its next attempt
     assert parses.count("x") == 1, parses
+
+
+def test_a_pending_pods_object_is_let_go_once_the_watch_shows_it_bound() -> None:
+    """The pending pod's parsed object is kept for its decisions only: once the API server shows it bound
+    it is dropped, not kept until the pod is deleted (a parsed object per running pod; a guard, it held
+    before this test too)."""
+    async def test(service: SchedulerService) -> None:
+        service.on_node("ADDED", node_obj("n1"))
+        pod = pod_obj("p", gpus=1)
+        uid = pod["metadata"]["uid"]
+        service.on_pod("ADDED", pod)
+        service.schedule_one(QueuedPod(uid=uid, key="ns/p", priority=0, created=0.0))
+        assert uid in service.state.pods and uid in service._pending  # assumed: the watch has not shown it yet
+        bound = bump(pod)
+        bound["spec"]["nodeName"] = service.state.pods[uid].node
+        service.on_pod("MODIFIED", bound)
+        assert uid in service.state.pods and uid not in service._pending
+
+    asyncio.run(with_service(test))
