@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,14 @@ class _Track:
     last: Sample
 
 
-class IdleTracker:
+class IdleTracker(Generic[K]):
     """Per key (e.g. (pod UID, GPU UUID)), when activity was last seen. Not thread-safe: one sampler feeds it."""
 
     def __init__(self, policy: IdlePolicy) -> None:
         self.policy = policy
-        self._tracks: dict[Hashable, _Track] = {}
+        self._tracks: dict[K, _Track] = {}
 
-    def observe(self, key: Hashable, sample: Sample) -> None:
+    def observe(self, key: K, sample: Sample) -> None:
         p = self.policy
         track = self._tracks.get(key)
         if track is None:
@@ -93,7 +96,7 @@ class IdleTracker:
         track.last_t = sample.t
         track.last = sample
 
-    def state(self, key: Hashable, now: float) -> IdleState | None:
+    def state(self, key: K, now: float) -> IdleState | None:
         track = self._tracks.get(key)
         if track is None:
             return None
@@ -102,10 +105,10 @@ class IdleTracker:
         return IdleState(idle_s, idle_s >= self.policy.window_s and not in_grace, in_grace,
                          track.last.activity_pct, track.last.memory_used)
 
-    def keys(self) -> list[Hashable]:
+    def tracked(self) -> list[K]:
         return list(self._tracks)
 
-    def retain(self, keys: Iterable[Hashable]) -> list[Hashable]:
+    def retain(self, keys: Iterable[K]) -> list[K]:
         """Forget every key not in `keys` (tenants gone); returns the keys forgotten."""
         keep = set(keys)
         gone = [k for k in self._tracks if k not in keep]
