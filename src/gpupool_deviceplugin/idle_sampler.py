@@ -122,7 +122,7 @@ class IdleSampler:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        log.info("idle sampling every %.0fs (window %.0fs, activity < %g %%, memory within %g %%, start grace %.0fs)",
+        log.info("idle sampling every %gs (window %gs, activity < %g %%, memory within %g %%, start grace %gs)",
                  self.interval_s, self.tracker.policy.window_s, self.tracker.policy.threshold_pct,
                  self.tracker.policy.memory_change_pct, self.tracker.policy.start_grace_s)
         while not self._stop.is_set():
