@@ -35,3 +35,18 @@ def test_sampling_off(start_plugin: Callable[..., PluginProcess]) -> None:
     plugin.wait_log(r"idle sampling off")
     _, text = plugin.http("/metrics")
     assert "gpupool_deviceplugin_gpu_activity_percent{" not in text
+
+
+def test_the_real_nvml_check_reads_the_activity_counters_in_its_dry_run() -> None:
+    """hack/check_real_nvml.py, ready for a GPU machine: its dry run on the fake reads every counter."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "hack" / "check_real_nvml.py"
+    done = subprocess.run([sys.executable, str(script), "--fake-nvml", "l40s-pcie", "--no-plugin"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2b. activity counters" in done.stdout
+    assert done.stdout.count("activity is a percentage") == 8  # 4 GPUs, 2 rounds
+    assert "round 2 GPU 3: activity 0.0 % (samples)" in done.stdout
