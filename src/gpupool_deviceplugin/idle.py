@@ -3,7 +3,9 @@
 Definition (docs/idle-and-elastic.md): a pod is idle on a GPU when, for the whole window,
   - its engine activity stayed below `threshold_pct` (default 1 %), and
   - its memory used did not change by more than `memory_change_pct` (default 1 %) of the last active level,
-and it has been a tenant of that GPU for longer than `start_grace_s` (default 5 min).
+and it has been a tenant of that GPU for longer than `start_grace_s` (default 5 min). (The sampler also
+feeds "unknown" while the pod's containers do not run or are within the grace of their start, so the
+window starts after the containers' own grace.)
 
 Everything uncertain counts as activity, so that a pod can only ever look busier than it is, never idler:
 an unknown activity (NVML could not say), the first sample of a tenant, and a gap between samples longer

@@ -35,10 +35,12 @@ class Tenant:
     uid: str
     namespace: str
     name: str
+    started: float | None = None  # the latest start of its running containers (epoch s); None: none runs
 
 
 def tenants_from_book(book: Any) -> dict[str, tuple[Tenant, ...]]:
-    """GPU UUID -> the live pods holding it whole or sharing it, from the AdmissionBook."""
+    """GPU UUID -> the live pods holding it whole or sharing it, from the AdmissionBook (pods assigned the
+    GPU count from their bind: their containers may not run yet, see Tenant.started)."""
     by_key: dict[str, Any] = {}
     for pod in sorted(book.pods(), key=lambda p: p.created):
         if not pod.terminal:
@@ -47,7 +49,8 @@ def tenants_from_book(book: Any) -> dict[str, tuple[Tenant, ...]]:
     out: dict[str, tuple[Tenant, ...]] = {}
     for gpu in set(tenancy.whole) | set(tenancy.shared):
         keys = sorted(set(tenancy.whole.get(gpu, ())) | set(tenancy.shared.get(gpu, ())))
-        out[gpu] = tuple(Tenant(by_key[k].uid, by_key[k].namespace, by_key[k].name) for k in keys if k in by_key)
+        out[gpu] = tuple(Tenant(by_key[k].uid, by_key[k].namespace, by_key[k].name, by_key[k].started)
+                         for k in keys if k in by_key)
     return out
 
 
@@ -159,11 +162,14 @@ class IdleSampler:
                 self._gpu_gauge(m.gpu_power, uuid, reading.power_w)
             on_gpu = tenants.get(uuid, ())
             per_pod, how = attribute(reading, on_gpu, self.uid_of_pid)
+            wall = self.wall()
             for t in on_gpu:
                 key = (t.uid, uuid)
                 live.add(key)
                 activity, memory = per_pod[t.uid]
-                self.tracker.observe(key, Sample(now, activity, memory))
+                starting = t.started is None or wall - t.started < self.tracker.policy.start_grace_s
+                # not running yet (an image pull), or in its start grace: never evidence of idleness
+                self.tracker.observe(key, Sample(now, None if starting else activity, memory))
                 labels = self._labels[key] = (t.namespace, t.name, uuid)
                 state = self.tracker.state(key, now)
                 assert state is not None

@@ -32,6 +32,10 @@ def test_idle_pods_are_published_on_the_node_and_leave_it_when_busy(kube, namesp
         fh.write(json.dumps({"uuid": u[0], "activity": {"utilization": 70, "memoryUsedMiB": 8000}}) + "\n")
     cluster.bind("busy", busy_uid, {"m": {"devices": {GPU: [u[0]]}}})
     cluster.bind("idle", idle_uid, {"m": {"devices": {GPU: [u[1]]}}})
+    for name in ("busy", "idle"):  # what the node's kubelet reports once the container runs
+        cluster.core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": "Running", "containerStatuses": [
+            {"name": "m", "image": "busybox", "imageID": "", "ready": True, "restartCount": 0,
+             "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}})
 
     def published() -> dict:
         return parse_idle_pods((cluster.core.read_node(node).metadata.annotations or {}).get(IDLE_PODS_ANNOTATION))

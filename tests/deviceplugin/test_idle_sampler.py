@@ -42,7 +42,15 @@ class Clock:
         return self.t
 
 
-def make_book() -> AdmissionBook:
+def running(obj: dict, started: str | None = "2026-01-01T00:00:00Z") -> dict:
+    """The pod with its container running since `started` (None: not running yet, e.g. pulling its image)."""
+    state = {"running": {"startedAt": started}} if started else {"waiting": {"reason": "ContainerCreating"}}
+    obj["status"] = {"phase": "Running" if started else "Pending",
+                     "containerStatuses": [{"name": "main", "state": state}]}
+    return obj
+
+
+def make_book(started: dict[str, str | None] | None = None) -> AdmissionBook:
     book = AdmissionBook(NODE, RESOURCES, 1024)
     names = [r.name for r in RESOURCES]
     pods = [
@@ -53,7 +61,9 @@ def make_book() -> AdmissionBook:
         pod_json("idle", UID_IDLE, NODE, {"main": {"nvidia.com/gpu-memory": 4}},
                  annotations=assignment(NODE, UID_IDLE, {"main": {"memory": (UUIDS[1], 4, 1024)}})),
     ]
-    book.replace_all([pod_record(p, names, NODE) for p in pods])
+    when = started or {}
+    book.replace_all([pod_record(running(p, when.get(p["metadata"]["name"], "2026-01-01T00:00:00Z")), names, NODE)
+                      for p in pods])
     return book
 
 
@@ -90,8 +100,9 @@ def step(sampler: IdleSampler, clock: Clock, seconds: float, every: float = 10.0
 
 def test_tenants_come_from_the_assignment_book() -> None:
     tenants = tenants_from_book(make_book())
-    assert tenants == {UUIDS[0]: (Tenant(UID_TRAIN, "ns", "trainer"),),
-                       UUIDS[1]: (Tenant(UID_BUSY, "ns", "busy"), Tenant(UID_IDLE, "ns", "idle"))}
+    since = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    assert tenants == {UUIDS[0]: (Tenant(UID_TRAIN, "ns", "trainer", since),),
+                       UUIDS[1]: (Tenant(UID_BUSY, "ns", "busy", since), Tenant(UID_IDLE, "ns", "idle", since))}
 
 
 def test_idle_and_busy_pods_on_whole_and_shared_gpus(rig) -> None:
@@ -232,3 +243,29 @@ def test_pod_uid_from_cgroup_paths(tmp_path: Path) -> None:
     (tmp_path / "9" / "cgroup").write_text("0::/system.slice/containerd.service\n")
     assert pod_uid_of_pid(7, tmp_path) == uid and pod_uid_of_pid(8, tmp_path) == uid
     assert pod_uid_of_pid(9, tmp_path) is None and pod_uid_of_pid(10, tmp_path) is None
+
+
+def test_a_pod_whose_containers_do_not_run_yet_is_never_idle_and_its_grace_starts_with_them(rig) -> None:
+    clock, _, session, metrics, server = rig
+    just = "2027-01-15T08:00:00Z"  # == the rig's clock at start (1_800_000_000)
+    book = make_book({"trainer": None, "busy": just})  # trainer: pulling its image; busy: just started
+    sampler = IdleSampler(session, INV, lambda: tenants_from_book(book), POLICY, 10, metrics, clock=clock,
+                          wall=clock)
+    step(sampler, clock, 600)  # every GPU does nothing for 10 min
+    trainer = {"namespace": "ns", "pod": "trainer", "uuid": UUIDS[0]}
+    assert scrape(server, "gpupool_deviceplugin_pod_gpu_idle", **trainer) == 0
+    assert scrape(server, "gpupool_deviceplugin_pod_gpu_idle_seconds", **trainer) == 0
+    assert scrape(server, "gpupool_deviceplugin_pod_gpu_idle", namespace="ns", pod="busy", uuid=UUIDS[1]) == 1
+
+    book2 = make_book({"busy": "2027-01-15T08:10:00Z"})  # its container (re)started at the clock's now
+    sampler2 = IdleSampler(session, INV, lambda: tenants_from_book(book2), POLICY, 10, PluginMetrics(),
+                           clock=clock, wall=clock)
+    states = []
+    for _ in range(12):
+        step(sampler2, clock, 10)
+        state = sampler2.tracker.state((UID_BUSY, UUIDS[1]), clock.t)
+        assert state is not None
+        states.append(state.idle)
+    # 30 s of grace from the container's start (its last sample within it at 20 s), then the 60 s window:
+    # idle from 80 s on, not before
+    assert states == [False] * 7 + [True] * 5
