@@ -1,7 +1,7 @@
 """The device plugin process: start-up order, the running parts and an orderly shutdown.
 
 Start-up: status endpoint -> NVML (retried with backoff) -> discovery -> API server (optional: pod watch,
-acks, node publication, then one reconciliation with the kubelet's PodResources) -> health monitor ->
+acks, one reconciliation with the kubelet's PodResources, node publication) -> idle sampler -> health monitor ->
 serve every resource -> register with the kubelet -> keep registered (and reconciled).
 """
 
