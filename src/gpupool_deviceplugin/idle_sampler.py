@@ -69,7 +69,8 @@ def attribute(reading: ActivityReading | None, tenants: tuple[Tenant, ...],
               uid_of_pid: Callable[[int], str | None]) -> tuple[dict[str, tuple[float | None, int | None]], str]:
     """Per tenant UID, (activity %, memory bytes) on this GPU, and how: "process" (every process NVML lists
     belongs to a tenant: each tenant gets its own processes' highest utilisation and memory) or "device" (the
-    GPU's own figures for every tenant: some process is nobody's we know, or none is listed).
+    GPU's own figures for every tenant: some process is nobody's we know, none is listed, or the GPU is busy
+    while no process's samples show it).
 
     A GPU NVML could not read (None): every tenant's activity is unknown, which counts as activity."""
     if reading is None:
@@ -87,7 +88,11 @@ def attribute(reading: ActivityReading | None, tenants: tuple[Tenant, ...],
                 used = [reading.process_memory.get(pid) for pid in own]
                 memory = None if any(u is None for u in used) else sum(u for u in used if u is not None)
                 out[t.uid] = (activity, memory)
-            return out, "process"
+            # a busy engine that no process's samples show (they lag, or a process is not listed): the
+            # per-process view does not explain the GPU, so it is not used
+            device_busy = reading.activity_pct is None or reading.activity_pct > 0
+            if not device_busy or any(a for a, _ in out.values()):
+                return out, "process"
     return {t.uid: (reading.activity_pct, reading.memory_used) for t in tenants}, "device"
 
 

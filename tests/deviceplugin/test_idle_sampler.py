@@ -269,3 +269,24 @@ def test_a_pod_whose_containers_do_not_run_yet_is_never_idle_and_its_grace_start
     # 30 s of grace from the container's start (its last sample within it at 20 s), then the 60 s window:
     # idle from 80 s on, not before
     assert states == [False] * 7 + [True] * 5
+
+
+def test_per_process_samples_that_do_not_explain_a_busy_gpu_are_not_used() -> None:
+    from gpupool_deviceplugin.idle_sampler import attribute
+    from gpupool_deviceplugin.nvml.session import ActivityReading
+
+    tenants = (Tenant(UID_BUSY, "ns", "busy"), Tenant(UID_IDLE, "ns", "idle"))
+    owners = {101: UID_BUSY, 102: UID_IDLE}.get
+
+    def reading(device: float | None, per_process: dict[int, float]) -> ActivityReading:
+        return ActivityReading(device, "samples", per_process, {101: 1 << 30, 102: 1 << 30}, 2 << 30, 48 << 30,
+                               100.0, 0, 0)
+
+    assert attribute(reading(70, {101: 70, 102: 0}), tenants, owners) == (
+        {UID_BUSY: (70, 1 << 30), UID_IDLE: (0, 1 << 30)}, "process")
+    assert attribute(reading(0, {}), tenants, owners)[1] == "process"  # nothing runs: nobody is busy
+    # the engine is busy and no process's samples show it: every tenant gets the GPU's figures
+    assert attribute(reading(70, {}), tenants, owners) == ({UID_BUSY: (70, 2 << 30), UID_IDLE: (70, 2 << 30)},
+                                                          "device")
+    assert attribute(reading(None, {}), tenants, owners)[0][UID_IDLE] == (None, 2 << 30)
+    assert attribute(None, tenants, owners) == ({UID_BUSY: (None, None), UID_IDLE: (None, None)}, "device")
