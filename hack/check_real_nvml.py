@@ -8,6 +8,10 @@
    and sysfs reads (device count, UUIDs, NUMA node via nvmlDeviceGetNumaNodeId when the driver has it).
 2. Health plumbing: an NVML event set with the critical events registered, one bounded wait, and a
    probe of every GPU.
+2b. Activity counters for idleness (docs/idle-and-elastic.md): two rounds of NvmlSession.read_activity per
+   GPU 1 s apart (the driver's utilisation sample buffer or the current rate, per-process samples and
+   running processes, memory used, power), checked for plausible values; --load SECONDS also keeps GPU 0
+   busy with a CUDA matmul loop (torch or cupy, when installed) and checks that the activity shows.
 3. Unless --no-plugin: the plugin process itself on real NVML (no API server) against the kubelet
    stand-in of the tests: registration, ListAndWatch with every GPU Healthy and its NUMA node,
    GetPreferredAllocation and one Allocate.
@@ -37,7 +41,7 @@ def check(condition: bool, what: str) -> None:
         raise CheckFailed(what)
 
 
-def discovery(out: Path | None, fake: str | None) -> dict:
+def discovery(out: Path | None, fake: str | None, load_s: float = 0.0) -> dict:
     import pynvml
 
     from gpupool_deviceplugin.config import PluginConfig
@@ -86,11 +90,74 @@ def discovery(out: Path | None, fake: str | None) -> dict:
     for g in inv.gpus:
         problem = session.probe(g.uuid)
         check(problem is None, f"GPU {g.index} answers NVML probes ({problem or 'fine'})")
+    activity(session, inv, load_s)
     session.shutdown()
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "real_nvml_inventory.json").write_text(pub.annotations["gpupool.io/gpu-inventory"] + "\n")
     return {"inventory": inv, "capacity": pub.capacity}
+
+
+def activity(session, inv, load_s: float) -> None:
+    print("2b. activity counters (idleness)")
+    measured = [g for g in inv.gpus if not g.mig_enabled]
+    seen: dict[str, tuple[int, int]] = {}
+    for round_ in (1, 2):
+        for g in measured:
+            h = session.handle_by_uuid(g.uuid)
+            r = session.read_activity(h, *seen.get(g.uuid, (0, 0)))
+            seen[g.uuid] = (r.device_seen_us, r.process_seen_us)
+            procs = "unsupported" if r.processes is None else f"{len(r.processes)} sampled"
+            running = "unsupported" if r.process_memory is None else f"{len(r.process_memory)} running"
+            print(f"  round {round_} GPU {g.index}: activity {r.activity_pct} % ({r.source}), per-process {procs}, "
+                  f"processes {running}, memory {r.memory_used}/{r.memory_total} B, power {r.power_w} W")
+            check(r.memory_total is not None and r.memory_total > 0 and 0 <= (r.memory_used or 0) <= r.memory_total,
+                  f"GPU {g.index}: memory used within total")
+            check(r.activity_pct is None or 0 <= r.activity_pct <= 100, f"GPU {g.index}: activity is a percentage")
+            check(r.power_w is None or 0 < r.power_w < 2000, f"GPU {g.index}: power is plausible")
+            check(r.processes is None or all(0 <= v <= 100 for v in r.processes.values()),
+                  f"GPU {g.index}: per-process activity are percentages")
+        if round_ == 1:
+            time.sleep(1.0)
+    if load_s > 0 and measured:
+        g = measured[0]
+        busy = run_load(g.index, load_s)
+        if busy is None:
+            print("  [skip] --load: neither torch nor cupy is installed")
+            return
+        h = session.handle_by_uuid(g.uuid)
+        r = session.read_activity(h, *seen[g.uuid])
+        print(f"  under load: activity {r.activity_pct} % ({r.source}), processes {r.processes}, power {r.power_w} W")
+        check((r.activity_pct or 0) >= 50, f"GPU {g.index}: a {load_s:g}s matmul loop reads as busy")
+        check(r.processes is None or any(v > 0 for v in r.processes.values()),
+              f"GPU {g.index}: the loop's process has per-process samples above 0")
+
+
+def run_load(index: int, seconds: float) -> bool | None:
+    """A matmul loop on GPU `index` for `seconds` (torch, else cupy); None when neither is installed."""
+    try:
+        import torch  # type: ignore[import-not-found]
+
+        a = torch.randn(4096, 4096, device=f"cuda:{index}")
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            a = (a @ a).clamp_(-1, 1)
+        torch.cuda.synchronize(index)
+        return True
+    except ImportError:
+        pass
+    try:
+        import cupy  # type: ignore[import-not-found]
+
+        with cupy.cuda.Device(index):
+            a = cupy.random.randn(4096, 4096, dtype=cupy.float32)
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                a = cupy.clip(a @ a, -1, 1)
+            cupy.cuda.Device(index).synchronize()
+        return True
+    except ImportError:
+        return None
 
 
 def print_topology(inv) -> None:
@@ -147,9 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the discovered inventory JSON here")
     parser.add_argument("--no-plugin", action="store_true", help="skip step 3 (the plugin process)")
     parser.add_argument("--fake-nvml", metavar="PROFILE", help="dry run of this script on a fake profile")
+    parser.add_argument("--load", type=float, default=0.0, metavar="SECONDS",
+                        help="keep GPU 0 busy this long (torch or cupy) and check the activity counters see it")
     args = parser.parse_args(argv)
     try:
-        found = discovery(args.out, args.fake_nvml)
+        found = discovery(args.out, args.fake_nvml, args.load)
         if not args.no_plugin:
             plugin_run(found, args.fake_nvml)
     except CheckFailed as exc:

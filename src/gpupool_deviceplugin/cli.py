@@ -11,8 +11,10 @@ import socket
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from gpupool_common.clihelp import LOG_LEVELS, DefaultsHelpFormatter, OneLineParser
-from gpupool_deviceplugin.config import ConfigError, load_config, read_yaml
+from gpupool_deviceplugin.config import ConfigError, IdleConfig, PluginConfig, load_config, read_yaml
 from gpupool_deviceplugin.nvml.profile import ProfileError, profile_names
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
@@ -46,6 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int,
                    help="port of /metrics and /healthz, instead of the config's metrics.port (default 9402); "
                    "0: off (listens on the config's metrics.bindAddress, default 127.0.0.1)")
+    p.add_argument("--idle-sample-interval", type=float, metavar="SECONDS",
+                   help="sample each GPU's activity every SECONDS for idleness (config idle.sampleIntervalSeconds, "
+                   "default 10); 0: off")
+    p.add_argument("--idle-window", type=float, metavar="SECONDS",
+                   help="a pod is idle after this long without activity (config idle.windowSeconds, default 600)")
+    p.add_argument("--idle-threshold", type=float, metavar="PERCENT",
+                   help="engine activity below this is no activity (config idle.thresholdPercent, default 1)")
+    p.add_argument("--idle-memory-change", type=float, metavar="PERCENT",
+                   help="memory used moving by more than this is activity (config idle.memoryChangePercent, "
+                   "default 1)")
+    p.add_argument("--idle-start-grace", type=float, metavar="SECONDS",
+                   help="a pod is never idle in its first SECONDS on a GPU (config idle.startGraceSeconds, "
+                   "default 300)")
     p.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "info"),
                    help=f"one of {', '.join(LOG_LEVELS)}, any case (default: $LOG_LEVEL, else info)")
     return p
@@ -122,6 +137,25 @@ def nvml_library_problem() -> str | None:
     return None
 
 
+IDLE_FLAGS = {"idle_sample_interval": "sampleIntervalSeconds", "idle_window": "windowSeconds",
+              "idle_threshold": "thresholdPercent", "idle_memory_change": "memoryChangePercent",
+              "idle_start_grace": "startGraceSeconds"}
+
+
+def with_idle_flags(config: PluginConfig, args: argparse.Namespace) -> PluginConfig:
+    """The config with the --idle-* flags given applied (validated as the config file's fields are)."""
+    given = {field: getattr(args, flag) for flag, field in IDLE_FLAGS.items() if getattr(args, flag) is not None}
+    if not given:
+        return config
+    try:
+        idle = IdleConfig.model_validate({**config.idle.model_dump(by_alias=True), **given})
+    except ValidationError as exc:
+        names = {field: "--" + flag.replace("_", "-") for flag, field in IDLE_FLAGS.items()}
+        raise ConfigError("\n".join(f"{names.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}"
+                                     for e in exc.errors())) from None
+    return config.model_copy(update={"idle": idle})
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.kubelet_dir = args.kubelet_dir.absolute()  # gRPC's unix:// target takes no relative path
@@ -140,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.metrics_port is not None:
             metrics = config.metrics.model_copy(update={"port": args.metrics_port})
             config = config.model_copy(update={"metrics": metrics})
+        config = with_idle_flags(config, args)
     except ConfigError as exc:
         lines = str(exc).splitlines()
         return fail(f"invalid configuration: {lines[0]}" if len(lines) == 1

@@ -81,6 +81,20 @@ class KubernetesConfig(_Section):
     node_refresh_s: float = Field(default=300.0, gt=0, alias="nodeRefreshSeconds")
 
 
+class IdleConfig(_Section):
+    """Idleness per pod and GPU (docs/idle-and-elastic.md); the --idle-* flags override these."""
+
+    sample_interval_s: float = Field(default=10.0, ge=0, alias="sampleIntervalSeconds")  # 0: not measured
+    window_s: float = Field(default=600.0, gt=0, alias="windowSeconds")
+    threshold_percent: float = Field(default=1.0, ge=0, le=100, alias="thresholdPercent")
+    memory_change_percent: float = Field(default=1.0, ge=0, le=100, alias="memoryChangePercent")
+    start_grace_s: float = Field(default=300.0, ge=0, alias="startGraceSeconds")
+    # the idle-pods node annotation is patched on change, at most once per this
+    publish_interval_s: float = Field(default=30.0, ge=0, alias="publishIntervalSeconds")
+    # where /proc/<pid>/cgroup of GPU processes is read (pid -> pod); needs the host's PID namespace
+    proc_root: str = Field(default="/proc", alias="procRoot")
+
+
 class PluginConfig(_Section):
     version: Literal["v1"] = "v1"
     mig_strategy: Literal["none", "single", "mixed"] = "mixed"
@@ -90,6 +104,7 @@ class PluginConfig(_Section):
     health: HealthConfig = HealthConfig()
     metrics: MetricsConfig = MetricsConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
+    idle: IdleConfig = IdleConfig()
 
 
 class ConfigError(ValueError):

@@ -1,7 +1,7 @@
 """The device plugin process: start-up order, the running parts and an orderly shutdown.
 
 Start-up: status endpoint -> NVML (retried with backoff) -> discovery -> API server (optional: pod watch,
-acks, node publication, then one reconciliation with the kubelet's PodResources) -> health monitor ->
+acks, one reconciliation with the kubelet's PodResources, node publication) -> idle sampler -> health monitor ->
 serve every resource -> register with the kubelet -> keep registered (and reconciled).
 """
 
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import pynvml
 
+from gpupool_common.idlepods import idle_pods_annotation
 from gpupool_common.inventory import NodeInventory
 from gpupool_deviceplugin.admission import AdmissionBook
 from gpupool_deviceplugin.allocator import AckSink, Allocator
@@ -25,6 +26,8 @@ from gpupool_deviceplugin.board import DeviceBoard
 from gpupool_deviceplugin.config import PluginConfig
 from gpupool_deviceplugin.discovery import discover
 from gpupool_deviceplugin.health import HealthMonitor
+from gpupool_deviceplugin.idle import IdlePolicy
+from gpupool_deviceplugin.idle_sampler import IdleSampler, pod_uid_of_pid, tenants_from_book
 from gpupool_deviceplugin.metrics import PluginMetrics, StatusServer
 from gpupool_deviceplugin.nvml.session import NvmlSession
 from gpupool_deviceplugin.publication import NodePublication, build_publication
@@ -114,6 +117,7 @@ class Daemon:
         self._api_checked = False
         self.status_server: StatusServer | None = None
         self._dir_lock: KubeletDirLock | None = None
+        self.idle_sampler: IdleSampler | None = None
 
     # -- health endpoint -------------------------------------------------------------------------
     def healthz(self) -> tuple[bool, str]:
@@ -228,11 +232,18 @@ class Daemon:
         memory = any(r.kind == "memory" for r in resources)
         publisher = None
         pod_identity = False  # PodResources answers (published: the scheduler's gate is not needed then)
+        idle_pods: str | None = None  # the idle-pods annotation, once the sampler has measured
 
         def publication() -> NodePublication:
             failed = tuple(sorted(board.hardware_problems()))
             live = inventory.model_copy(update={"unhealthy": failed, "pod_identity": pod_identity})
-            return build_publication(live, resources, self.config)
+            return build_publication(live, resources, self.config, idle_pods=idle_pods)
+
+        def idle_changed(idle_since: dict[str, float]) -> None:
+            nonlocal idle_pods
+            idle_pods = idle_pods_annotation(idle_since)
+            if publisher is not None:
+                publisher.update(publication())
 
         def hardware_changed(uuid: str, ok: bool) -> None:
             self._gpu_metric(inventory, uuid, int(ok))
@@ -277,6 +288,7 @@ class Daemon:
                 publisher.start()
                 self._parts.append(publisher)
         self.book = book
+        self.idle_sampler = self._start_idle_sampler(inventory, book, idle_changed)
 
         if self.config.health.enabled:
             monitor = HealthMonitor(self.session, inventory, board, self.config.health, self.metrics)
@@ -319,6 +331,27 @@ class Daemon:
         reconciler.start()
         self._parts.append(reconciler)
         return reconciler
+
+    def _start_idle_sampler(self, inventory: NodeInventory, book: AdmissionBook | None,
+                            on_idle_pods: Callable[[dict[str, float]], None]) -> IdleSampler | None:
+        """Idleness per pod and GPU (docs/idle-and-elastic.md), on its own thread. Without the pod watch no
+        pod is known: the GPUs' own activity is still measured."""
+        idle = self.config.idle
+        if idle.sample_interval_s <= 0:
+            log.info("idle sampling off (idle.sampleIntervalSeconds 0)")
+            return None
+        policy = IdlePolicy(window_s=idle.window_s, threshold_pct=idle.threshold_percent,
+                            memory_change_pct=idle.memory_change_percent, start_grace_s=idle.start_grace_s,
+                            max_gap_s=3 * idle.sample_interval_s)
+        proc_root = Path(idle.proc_root)
+        sampler = IdleSampler(self.session, inventory, (lambda: tenants_from_book(book)) if book is not None else dict,
+                              policy, idle.sample_interval_s, self.metrics,
+                              uid_of_pid=lambda pid: pod_uid_of_pid(pid, proc_root),
+                              on_idle_pods=on_idle_pods if self.config.kubernetes.publish_node else None,
+                              publish_interval_s=idle.publish_interval_s)
+        sampler.start()
+        self._parts.append(sampler)
+        return sampler
 
     def _tenancy_changed(self, book: AdmissionBook, board: DeviceBoard) -> None:
         # read and apply under one lock: the watch thread and gRPC threads both get here, and an older

@@ -64,6 +64,28 @@ class PluginMetrics:
         self.registered = Gauge(f"{NS}_registered", "1 while the resource is registered with the running "
                                 "kubelet (0: not yet, being re-registered, or kubelet.sock is gone)", ["resource"],
                                 registry=r)
+        pod_gpu = ["namespace", "pod", "uuid"]
+        self.pod_idle_seconds = Gauge(f"{NS}_pod_gpu_idle_seconds", "Seconds since the pod's last activity on the "
+                                      "GPU (engine activity at or above the threshold, or memory used moving by "
+                                      "more than the allowed change)", pod_gpu, registry=r)
+        self.pod_idle = Gauge(f"{NS}_pod_gpu_idle", "1 while the pod is idle on the GPU under the definition "
+                              "(idle for the whole window, past its start grace)", pod_gpu, registry=r)
+        self.pod_activity = Gauge(f"{NS}_pod_gpu_activity_percent", "The pod's highest engine activity on the GPU "
+                                  "since the previous sample (the GPU's own when per-process samples cannot be "
+                                  "attributed)", pod_gpu, registry=r)
+        self.pod_memory_used = Gauge(f"{NS}_pod_gpu_memory_used_bytes", "GPU memory the pod's processes use (the "
+                                     "GPU's whole used memory when per-process data cannot be attributed)", pod_gpu,
+                                     registry=r)
+        self.pod_attribution = Gauge(f"{NS}_pod_gpu_attribution", "1 for how the pod's activity on the GPU is "
+                                     "measured: process (its own processes) or device (the whole GPU's)",
+                                     [*pod_gpu, "via"], registry=r)
+        self.gpu_activity = Gauge(f"{NS}_gpu_activity_percent", "The GPU's highest engine activity since the "
+                                  "previous sample", ["uuid"], registry=r)
+        self.gpu_memory_used = Gauge(f"{NS}_gpu_memory_used_bytes", "GPU memory used", ["uuid"], registry=r)
+        self.gpu_power = Gauge(f"{NS}_gpu_power_watts", "GPU power draw", ["uuid"], registry=r)
+        self.idle_pods = Gauge(f"{NS}_idle_pods", "Pods idle on every GPU they hold on this node", registry=r)
+        self.idle_samples = Counter(f"{NS}_idle_samples_total", "NVML activity readings of a GPU", ["result"],
+                                    registry=r)
         self.node_info = Gauge(f"{NS}_node_info", "Always 1; names the node this plugin serves (for joins "
                                "on instance)", ["node"], registry=r)
 

@@ -43,6 +43,8 @@ class PodRecord:
     assignment_error: str | None = None
     ack: AllocationAck | None = None
     annotations: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    # the latest start of its running containers (seconds since the epoch); None while none runs
+    started: float | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -76,6 +78,15 @@ def _requests(container: Mapping[str, Any], resources: Collection[str]) -> dict[
         if value is not None and _quantity(value) > 0:
             out[name] = _quantity(value)
     return out
+
+
+def _started(status: Mapping[str, Any]) -> float | None:
+    """The latest startedAt of the running containers (init containers included: sidecars), None if none runs.
+    A restarted container starts later: the idle sampler's start grace begins again."""
+    starts = [_timestamp(((c.get("state") or {}).get("running") or {}).get("startedAt"))
+              for key in ("initContainerStatuses", "containerStatuses") for c in status.get(key) or ()
+              if ((c.get("state") or {}).get("running") or {}).get("startedAt")]
+    return max(starts) if starts else None
 
 
 def pod_record(obj: Mapping[str, Any], resources: Collection[str], node: str) -> PodRecord:
@@ -116,6 +127,7 @@ def pod_record(obj: Mapping[str, Any], resources: Collection[str], node: str) ->
         assignment_error=error,
         ack=ack,
         annotations=annotations,
+        started=_started(status),
     )
 
 

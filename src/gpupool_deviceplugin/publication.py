@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpupool_common.idlepods import IDLE_PODS_ANNOTATION
 from gpupool_common.inventory import INVENTORY_ANNOTATION, NodeInventory
 from gpupool_deviceplugin.config import PluginConfig
 from gpupool_deviceplugin.discovery import discover
@@ -25,7 +26,7 @@ LABEL_UNIT = "gpupool.io/gpu-memory-unit-mib"
 # Every label the plugin owns: a key here that the plugin no longer wants is removed from the Node.
 OWNED_LABELS = (LABEL_PRODUCT, LABEL_MEMORY, LABEL_COUNT, LABEL_MIG_CAPABLE, LABEL_MIG_STRATEGY,
                 LABEL_SHARING, LABEL_UNIT)
-OWNED_ANNOTATIONS = (INVENTORY_ANNOTATION,)
+OWNED_ANNOTATIONS = (INVENTORY_ANNOTATION, IDLE_PODS_ANNOTATION)
 
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -46,7 +47,8 @@ def label_value(text: str) -> str:
 
 
 def build_publication(inventory: NodeInventory, resources: list[ResourceSpec], config: PluginConfig,
-                      host_capacity: dict[str, str] | None = None) -> NodePublication:
+                      host_capacity: dict[str, str] | None = None, idle_pods: str | None = None) -> NodePublication:
+    """`idle_pods`: the idle-pods annotation (gpupool_common.idlepods), None while nothing is measured."""
     inventory = inventory.model_copy(update={"sharing": sharing_of(resources, config)})
     labels: dict[str, str] = {}
     if inventory.gpus:
@@ -65,7 +67,8 @@ def build_publication(inventory: NodeInventory, resources: list[ResourceSpec], c
     return NodePublication(
         capacity={r.name: str(len(r.devices)) for r in resources},
         labels=labels,
-        annotations={INVENTORY_ANNOTATION: inventory.to_annotation()},
+        annotations={INVENTORY_ANNOTATION: inventory.to_annotation(),
+                     **({IDLE_PODS_ANNOTATION: idle_pods} if idle_pods is not None else {})},
         host_capacity=dict(host_capacity or {}),
         inventory=inventory,
     )

@@ -214,6 +214,9 @@ BINARY = bytes(range(256)) * 4
     ("events-dir", "fake NVML events file {tmp} is not a regular file"),
     ("config-mps-relative", "field gpuMemory.mpsShmDirectory: Value error, an absolute host path, got 'shm'"),
     ("config-mps-no-pipe", "field gpuMemory.mpsPipeDirectory: Value error, MPS clients need the daemon's pipe"),
+    ("idle-threshold", "invalid configuration: --idle-threshold: Input should be less than or equal to 100"),
+    ("idle-window", "invalid configuration: --idle-window: Input should be greater than 0"),
+    ("config-idle", "field idle.startGraceSeconds: Input should be greater than or equal to 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, kubelet_dir: Path, busy_port: int, case: str,
                                           message: str) -> None:
@@ -251,6 +254,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, kubelet_dir: Path, bus
             args["--fake-nvml"] = str(tmp_path / "blob.bin")
         case "events-dir":
             args["--fake-nvml-events"] = str(tmp_path)
+        case "idle-threshold":
+            args["--idle-threshold"] = "150"
+        case "idle-window":
+            args["--idle-window"] = "0"
+        case "config-idle":
+            args["--config"] = str(tmp_path / "idle.yaml")
+            (tmp_path / "idle.yaml").write_text(good.read_text() + "idle: {startGraceSeconds: -1}\n")
         case "config-mps-relative" | "config-mps-no-pipe":
             mps = "{mps: true, mpsShmDirectory: shm}" if case == "config-mps-relative" else '{mpsPipeDirectory: ""}'
             args["--config"] = str(tmp_path / "mps.yaml")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpupool_common.inventory import INVENTORY_ANNOTATION, InventoryError, parse_inventory
-from gpupool_deviceplugin.config import parse_config
+from gpupool_deviceplugin.config import PluginConfig, parse_config
 from gpupool_deviceplugin.kube.node_publisher import node_patch
 from gpupool_deviceplugin.publication import node_publication_for_profile
 
@@ -67,3 +67,24 @@ def test_node_patch_only_when_something_changed() -> None:
     patch = node_patch(stale, dict(pub.annotations), no_memory)
     assert patch["metadata"]["labels"] == {"nvidia.com/gpu.count": "4", "gpupool.io/gpu-memory-unit-mib": None,
                                            "nvidia.com/gpu.sharing-strategy": "none"}
+
+
+def test_the_idle_pods_annotation_is_published_only_once_measured_and_patched_on_change() -> None:
+    from gpupool_common.idlepods import IDLE_PODS_ANNOTATION, idle_pods_annotation, parse_idle_pods
+    from gpupool_deviceplugin.publication import build_publication
+
+    pub = node_publication_for_profile("l40s-pcie")
+    assert IDLE_PODS_ANNOTATION not in pub.annotations  # nothing measured: a previous instance's is removed
+    assert node_patch(pub.labels, {**pub.annotations, IDLE_PODS_ANNOTATION: "{}"}, pub) == {
+        "metadata": {"annotations": {IDLE_PODS_ANNOTATION: None}}}
+    text = idle_pods_annotation({"u-2": 1_800_000_100.7, "u-1": 1_800_000_000})
+    assert text == '{"u-1":"2027-01-15T08:00:00Z","u-2":"2027-01-15T08:01:40Z"}'
+    assert {k: v.timestamp() for k, v in parse_idle_pods(text).items()} == {"u-1": 1_800_000_000,
+                                                                            "u-2": 1_800_000_100}
+    assert pub.inventory is not None
+    idle = build_publication(pub.inventory, [], PluginConfig(), idle_pods=text)
+    patch = node_patch(idle.labels, {**idle.annotations, IDLE_PODS_ANNOTATION: "{}"}, idle)
+    assert patch == {"metadata": {"annotations": {IDLE_PODS_ANNOTATION: text}}}
+    assert node_patch(idle.labels, dict(idle.annotations), idle) is None
+    with pytest.raises(ValueError):
+        parse_idle_pods('["u-1"]')

@@ -75,6 +75,19 @@ def test_mps_values_reach_the_plugin_config() -> None:
     assert PluginConfig.model_validate(config).gpu_memory.mps_shm_directory == "/run/mps-shm"
 
 
+def test_idle_values_reach_the_plugin_config_and_host_pid_is_opt_in() -> None:
+    docs = render()
+    config = yaml.safe_load(by_kind(docs, "ConfigMap")["rel-gpupool-deviceplugin"]["data"]["config.yaml"])
+    assert PluginConfig.model_validate(config).idle == PluginConfig().idle  # the chart's defaults are the plugin's
+    assert "hostPID" not in by_kind(docs, "DaemonSet")["rel-gpupool-deviceplugin"]["spec"]["template"]["spec"]
+    docs = render("--set", "devicePlugin.idle.windowSeconds=3600", "--set", "devicePlugin.idle.hostPID=true",
+                  "--set", "devicePlugin.idle.sampleIntervalSeconds=0")
+    idle = PluginConfig.model_validate(yaml.safe_load(
+        by_kind(docs, "ConfigMap")["rel-gpupool-deviceplugin"]["data"]["config.yaml"])).idle
+    assert (idle.window_s, idle.sample_interval_s) == (3600, 0)
+    assert by_kind(docs, "DaemonSet")["rel-gpupool-deviceplugin"]["spec"]["template"]["spec"]["hostPID"] is True
+
+
 def test_values_switch_parts_on_and_off() -> None:
     docs = render("--set", "devicePlugin.fakeNvmlProfile=dgx-h100", "--set", "extender.enabled=true",
                   "--set", "priorityClasses.classes.best-effort.enabled=false", "--set", "gpuMemoryUnitMiB=512",

@@ -17,6 +17,22 @@ operator) can write while the plugin runs:
 
 A line that is not one of these (not JSON, an unknown UUID or kind, a bad Xid) is logged with its line
 number and skipped: it never stops the event stream and never touches another GPU.
+
+The same file scripts what a GPU is doing (engine activity, memory, power, processes), from the moment the
+fake reads the line until the next such line for that GPU (lines written before start-up apply too: they
+are state, not events):
+
+    {"uuid": "GPU-...", "activity": {"utilization": 80, "memoryUsedMiB": 4000, "powerW": 300}}
+    {"uuid": "GPU-...", "activity": {"utilization": 90, "burst": {"everyS": 300, "busyS": 2}}}  # bursty
+    {"uuid": "GPU-...", "activity": {"processes": [{"pid": 4242, "utilization": 60, "memoryUsedMiB": 2048},
+                                                   {"pid": 4343, "utilization": 0, "memoryUsedMiB": 1024}]}}
+    {"uuid": "GPU-...", "activity": {"utilization": 5, "perProcess": false, "deviceSamples": false}}
+
+The device samples utilisation every 1/6 s, as the driver does, into a buffer of the last 20 s that
+nvmlDeviceGetSamples / nvmlDeviceGetProcessUtilization read from a timestamp on; a burst scales every
+utilisation (device and processes) to 0 outside its busy part. `perProcess: false` makes
+nvmlDeviceGetProcessUtilization answer NOT_SUPPORTED and `deviceSamples: false` nvmlDeviceGetSamples, as
+on GPUs and drivers without them; MIG device handles answer NOT_SUPPORTED for utilisation, as real ones do.
 """
 
 from __future__ import annotations
@@ -27,11 +43,13 @@ import threading
 import time
 import uuid as uuidlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pynvml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpupool_deviceplugin.nvml.profile import FakeProfile, load_profile
 
@@ -45,6 +63,47 @@ _EVENT_NAMES = {
     "double_bit_ecc": pynvml.nvmlEventTypeDoubleBitEccError,
     "single_bit_ecc": pynvml.nvmlEventTypeSingleBitEccError,
 }
+
+
+SAMPLE_PERIOD_S = 1 / 6  # the driver's utilisation sampling period on most products
+SAMPLE_BUFFER_S = 20.0    # how far back the sample buffer reaches
+
+
+class _ActivityModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class BurstScript(_ActivityModel):
+    every_s: float = Field(gt=0, alias="everyS")
+    busy_s: float = Field(ge=0, alias="busyS")
+
+
+class ProcessScript(_ActivityModel):
+    pid: int = Field(gt=0, lt=2**32)
+    utilization: int = Field(default=0, ge=0, le=100)
+    memory_used_mib: int = Field(default=0, ge=0, alias="memoryUsedMiB")
+
+
+class ActivityScript(_ActivityModel):
+    """What a GPU does from the moment it is set (see the module docstring)."""
+
+    utilization: int = Field(default=0, ge=0, le=100)
+    memory_used_mib: int | None = Field(default=None, ge=0, alias="memoryUsedMiB")  # None: the processes' sum
+    power_w: float = Field(default=60.0, ge=0, alias="powerW")
+    burst: BurstScript | None = None
+    processes: tuple[ProcessScript, ...] = ()
+    per_process: bool = Field(default=True, alias="perProcess")
+    device_samples: bool = Field(default=True, alias="deviceSamples")
+
+    def busy(self, t: float, since: float) -> bool:
+        return self.burst is None or (t - since) % self.burst.every_s < self.burst.busy_s
+
+    def memory_mib(self) -> int:
+        return self.memory_used_mib if self.memory_used_mib is not None else sum(p.memory_used_mib
+                                                                               for p in self.processes)
+
+
+IDLE_SCRIPT = ActivityScript()
 
 
 def fake_gpu_uuid(seed: str, index: int) -> str:
@@ -109,8 +168,10 @@ class FakeNvml:
     """
 
     def __init__(self, profile: FakeProfile | str, *, seed: str | None = None,
-                 events_file: str | Path | None = None, poll_interval_s: float = 0.005) -> None:
+                 events_file: str | Path | None = None, poll_interval_s: float = 0.005,
+                 clock: Callable[[], float] = time.time) -> None:
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
+        self.clock = clock  # wall seconds: NVML's sample timestamps are microseconds since the epoch
         self.seed = seed or self.profile.name
         self.events_file = Path(events_file) if events_file else None
         self._poll = poll_interval_s
@@ -119,6 +180,8 @@ class FakeNvml:
         self._initialized = 0
         self._lost: set[int] = set()
         self._start_offset, self._start_line = self._file_end()
+        self._activity_offset = self._activity_line = 0
+        self._scripts: dict[int, list[tuple[float, ActivityScript]]] = {}  # gpu -> (since, script), in order
         p = self.profile
         self._gpu_uuids = [g.uuid or fake_gpu_uuid(self.seed, g.index) for g in p.gpus]
         self._gpus = [FakeDeviceHandle(g.index) for g in p.gpus]
@@ -201,8 +264,9 @@ class FakeNvml:
         mib = self._mig_spec(handle).memory_mib if handle.mig is not None else self.profile.gpu_memory_mib(handle.gpu)
         mem = pynvml.c_nvmlMemory_t()
         mem.total = mib * 1024 * 1024
-        mem.free = mem.total
-        mem.used = 0
+        used = 0 if handle.mig is not None else min(self._script_at(handle.gpu, self.clock())[1].memory_mib(), mib)
+        mem.used = used * 1024 * 1024
+        mem.free = mem.total - mem.used
         return mem
 
     def nvmlDeviceGetPciInfo(self, handle: FakeDeviceHandle) -> Any:
@@ -313,6 +377,82 @@ class FakeNvml:
         info.placement.size = spec.placement_size
         return info
 
+    # -- activity ------------------------------------------------------------------------------
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeDeviceHandle) -> Any:
+        self._check(handle)
+        if handle.mig is not None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        now = self.clock()
+        since, script = self._script_at(handle.gpu, now)
+        util = pynvml.c_nvmlUtilization_t()
+        util.gpu = script.utilization if script.busy(now, since) else 0
+        util.memory = util.gpu // 2
+        return util
+
+    def nvmlDeviceGetSamples(self, device: FakeDeviceHandle, sampling_type: int, timeStamp: int) -> Any:
+        self._check(device)
+        if device.mig is not None or sampling_type != pynvml.NVML_GPU_UTILIZATION_SAMPLES:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not self._script_at(device.gpu, self.clock())[1].device_samples:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        samples = []
+        for t_us, since, script in self._sample_grid(device.gpu, timeStamp):
+            sample = pynvml.c_nvmlSample_t()
+            sample.timeStamp = t_us
+            sample.sampleValue.uiVal = script.utilization if script.busy(t_us / 1e6, since) else 0
+            samples.append(sample)
+        if not samples:
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, samples
+
+    def nvmlDeviceGetProcessUtilization(self, handle: FakeDeviceHandle, timeStamp: int) -> list[Any]:
+        self._check(handle)
+        if handle.mig is not None or not self._script_at(handle.gpu, self.clock())[1].per_process:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        samples = []
+        for t_us, since, script in self._sample_grid(handle.gpu, timeStamp):
+            busy = script.busy(t_us / 1e6, since)
+            for proc in script.processes:
+                sample = pynvml.c_nvmlProcessUtilizationSample_t()
+                sample.pid = proc.pid
+                sample.timeStamp = t_us
+                sample.smUtil = proc.utilization if busy else 0
+                sample.memUtil = sample.smUtil // 2
+                samples.append(sample)
+        if not samples:
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)  # what the driver says when no process ran since timeStamp
+        return samples
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeDeviceHandle) -> list[Any]:
+        self._check(handle)
+        if handle.mig is not None:
+            return []  # a MIG handle lists its own processes; the fake runs none there
+        procs = []
+        for proc in self._script_at(handle.gpu, self.clock())[1].processes:
+            info = pynvml.c_nvmlProcessInfo_v3_t()
+            info.pid = proc.pid
+            info.usedGpuMemory = proc.memory_used_mib * 1024 * 1024
+            info.gpuInstanceId = info.computeInstanceId = _NOT_A_MIG_ID
+            procs.append(pynvml.nvmlStructToFriendlyObject(info))
+        return procs
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeDeviceHandle) -> int:
+        self._check(handle)
+        if handle.mig is not None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        now = self.clock()
+        since, script = self._script_at(handle.gpu, now)
+        watts = script.power_w if script.busy(now, since) or script.burst is None else min(script.power_w, 60.0)
+        return int(watts * 1000)  # milliwatts
+
+    def set_activity(self, uuid: str, script: ActivityScript | dict[str, Any]) -> None:
+        """Script a GPU from now on (what an activity line of the events file does; for in-process tests)."""
+        if isinstance(script, dict):
+            script = ActivityScript.model_validate(script)
+        gpu = self._gpu_uuids.index(uuid)
+        with self._lock:
+            self._scripts.setdefault(gpu, []).append((self.clock(), script))
+
     # -- events --------------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> FakeEventSet:
         self._require_init()
@@ -401,6 +541,73 @@ class FakeNvml:
                 seen += bridge.links
         raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
+    def _script_at(self, gpu: int, t: float, *, read: bool = True) -> tuple[float, ActivityScript]:
+        """(since, script) in force on a GPU at wall time t (idle when nothing was scripted)."""
+        if read:
+            self._read_activity()
+        with self._lock:
+            current: tuple[float, ActivityScript] = (0.0, IDLE_SCRIPT)
+            for since, script in self._scripts.get(gpu, ()):
+                if since > t:
+                    break
+                current = (since, script)
+            return current
+
+    def _sample_grid(self, gpu: int, after_us: int) -> list[tuple[int, float, ActivityScript]]:
+        """The buffered sample instants after `after_us` (microseconds), each with its script."""
+        self._read_activity()
+        now = self.clock()
+        start = max(after_us / 1e6, now - SAMPLE_BUFFER_S)
+        k = int(start / SAMPLE_PERIOD_S) + 1
+        out = []
+        while k * SAMPLE_PERIOD_S <= now:
+            t = k * SAMPLE_PERIOD_S
+            t_us = int(t * 1e6)
+            if t_us > after_us:
+                since, script = self._script_at(gpu, t, read=False)
+                out.append((t_us, since, script))
+            k += 1
+        return out
+
+    def _read_activity(self) -> None:
+        """Apply the activity lines appended to the events file since the last read."""
+        if self.events_file is None:
+            return
+        with self._lock:
+            try:
+                with self.events_file.open("rb") as fh:
+                    fh.seek(self._activity_offset)
+                    chunk = fh.read()
+            except OSError:
+                return
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                return
+            self._activity_offset += end + 1
+            now = self.clock()
+            for raw in chunk[: end + 1].split(b"\n")[:-1]:
+                self._activity_line += 1
+                try:
+                    line = json.loads(raw)
+                except (ValueError, RecursionError):
+                    continue  # the event reader reports bad lines
+                if not isinstance(line, dict) or "activity" not in line:
+                    continue
+                uuid = line.get("uuid")
+                if uuid not in self._gpu_uuids:
+                    log.warning("fake NVML events file %s:%d: activity for %r, not a GPU of this node (MIG devices "
+                                "are not scripted); line ignored", self.events_file, self._activity_line,
+                                str(uuid)[:80])
+                    continue
+                try:
+                    script = ActivityScript.model_validate(line["activity"])
+                except ValidationError as exc:
+                    why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+                    log.warning("fake NVML events file %s:%d: bad activity (%s); line ignored", self.events_file,
+                                self._activity_line, why)
+                    continue
+                self._scripts.setdefault(self._gpu_uuids.index(uuid), []).append((now, script))
+
     def _file_end(self) -> tuple[int, int]:
         """(size, complete lines) of the events file now: events written before start-up are history."""
         if self.events_file is None:
@@ -442,6 +649,8 @@ class FakeNvml:
             return f"not a JSON object ({exc})"
         if not isinstance(line, dict):
             return f"not a JSON object (a {type(line).__name__})"
+        if "activity" in line:
+            return None  # a scripted activity, not an event (read by _read_activity)
         uuid = line.get("uuid")
         if not isinstance(uuid, str):
             return "no \"uuid\" string"

@@ -62,6 +62,33 @@ class HealthEvent:
         return bool(self.event_type & pynvml.nvmlEventTypeDoubleBitEccError)
 
 
+_NO_SUCH_READING = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
+_SAMPLE_FIELDS = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+
+
+@dataclass(frozen=True)
+class ActivityReading:
+    """One sampling round of one GPU (see `NvmlSession.read_activity`)."""
+
+    activity_pct: float | None   # highest device utilisation since the last round; None: unknown
+    source: str                  # "samples" (the driver's buffer), "rates" (one current value) or "unknown"
+    processes: dict[int, float] | None  # pid -> highest SM utilisation since the last round; None: unavailable
+    process_memory: dict[int, int | None] | None  # running compute processes: pid -> bytes; None: unavailable
+    memory_used: int | None
+    memory_total: int | None
+    power_w: float | None
+    device_seen_us: int   # newest device sample timestamp: pass it back next round
+    process_seen_us: int  # newest per-process sample timestamp: pass it back next round
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -228,6 +255,62 @@ class NvmlSession:
     def free_event_set(self, event_set: Any) -> None:
         with contextlib.suppress(pynvml.NVMLError):
             self.lib.nvmlEventSetFree(event_set)
+
+    # -- activity --------------------------------------------------------------------------------
+    def read_activity(self, handle: Any, device_since_us: int = 0, process_since_us: int = 0) -> ActivityReading:
+        """Engine activity, memory and power of one GPU since the previous round.
+
+        Device activity: the highest of the driver's buffered utilisation samples newer than
+        `device_since_us` (nvmlDeviceGetSamples), so that a burst between two rounds is seen; where the
+        driver keeps no such buffer (NOT_SUPPORTED) or has no new sample (NOT_FOUND), the current value of
+        nvmlDeviceGetUtilizationRates; None where neither answers (MIG devices). Per process: the highest SM
+        utilisation of each pid in nvmlDeviceGetProcessUtilization's samples newer than `process_since_us`
+        (NOT_FOUND: no process ran a kernel since, {}), None where unsupported. Raises NVMLError for anything
+        else (a lost GPU)."""
+        activity: float | None = None
+        source = "unknown"
+        device_seen = device_since_us
+        try:
+            kind, samples = self.lib.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+                                                          device_since_us)
+            name = _SAMPLE_FIELDS.get(kind)
+            if samples and name is not None:
+                activity = float(max(getattr(s.sampleValue, name) for s in samples))
+                device_seen = max(device_since_us, *(int(s.timeStamp) for s in samples))
+                source = "samples"
+        except (*_NO_SUCH_READING, pynvml.NVMLError_NotFound):
+            pass
+        if activity is None:
+            try:
+                activity = float(self.lib.nvmlDeviceGetUtilizationRates(handle).gpu)
+                source = "rates"
+            except _NO_SUCH_READING:
+                pass
+        sampled: dict[int, float] = {}
+        processes: dict[int, float] | None = sampled
+        process_seen = process_since_us
+        try:
+            for s in self.lib.nvmlDeviceGetProcessUtilization(handle, process_since_us):
+                pid = int(s.pid)
+                sampled[pid] = max(sampled.get(pid, 0.0), float(s.smUtil))
+                process_seen = max(process_seen, int(s.timeStamp))
+        except pynvml.NVMLError_NotFound:
+            pass  # no process sampled since: none ran a kernel
+        except _NO_SUCH_READING:
+            processes = None
+        try:
+            running = self.lib.nvmlDeviceGetComputeRunningProcesses(handle)
+            process_memory: dict[int, int | None] | None = {
+                int(p.pid): None if p.usedGpuMemory is None else int(p.usedGpuMemory) for p in running}
+        except _NO_SUCH_READING:
+            process_memory = None
+        memory = self.lib.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            power: float | None = int(self.lib.nvmlDeviceGetPowerUsage(handle)) / 1000
+        except _NO_SUCH_READING:
+            power = None
+        return ActivityReading(activity, source, processes, process_memory, int(memory.used), int(memory.total),
+                               power, device_seen, process_seen)
 
     def probe(self, uuid: str) -> str | None:
         """None when NVML answers normally for this device, else the NVML error text."""

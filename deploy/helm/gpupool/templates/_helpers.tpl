@@ -99,6 +99,12 @@ gpuMemory:
   mpsShmDirectory: {{ $dp.mpsShmDirectory | quote }}
 health:
   recoveryQuietPeriodSeconds: {{ $dp.healthRecoveryQuietPeriodSeconds }}
+idle:
+  sampleIntervalSeconds: {{ $dp.idle.sampleIntervalSeconds }}
+  windowSeconds: {{ $dp.idle.windowSeconds }}
+  thresholdPercent: {{ $dp.idle.thresholdPercent }}
+  memoryChangePercent: {{ $dp.idle.memoryChangePercent }}
+  startGraceSeconds: {{ $dp.idle.startGraceSeconds }}
 metrics:
   port: {{ $dp.metricsPort }}
   bindAddress: 0.0.0.0
