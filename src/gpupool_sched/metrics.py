@@ -95,6 +95,12 @@ class SchedulerMetrics:
         for result in ("planned", "evicted", "surged", "replaced", "failed", "rolled_back", "refused", "abandoned"):
             for reason in ("blocked", "background"):
                 self.migrations.labels(reason=reason, result=result)
+        self.defrag_gpus_freed = Counter(
+            "gpupool_scheduler_defrag_gpus_freed", "Whole GPUs that migrations freed, by reason (blocked: for a "
+            "pod that fit nowhere; background); counted when every mover of a migration has been replaced on "
+            "its held destination", ["reason"], registry=self.registry)
+        for reason in ("blocked", "background"):
+            self.defrag_gpus_freed.labels(reason=reason)
         self.defrag_background_allowed = Gauge(
             "gpupool_scheduler_defrag_background_allowed", "1 while background consolidation may start a move "
             "(its mode is on, this instance leads, no pod waits for GPUs, and it is in its window or idle long "

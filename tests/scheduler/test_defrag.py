@@ -160,6 +160,9 @@ def test_the_seed_case_moves_one_tenant_with_its_destination_held_first() -> Non
         value = service.metrics.registry.get_sample_value
         assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "evicted"}) == 1
         assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "replaced"}) == 1
+        # the mover was alone on its GPU and joined another tenant: one whole GPU freed, once it was replaced
+        assert value("gpupool_scheduler_defrag_gpus_freed_total", {"reason": "blocked"}) == 1
+        assert not service.defrag.freeing
 
     asyncio.run(with_service(test))
 

@@ -69,6 +69,7 @@ def test_idle_gathers_one_gpu_at_a_time_with_the_destination_held_before_the_evi
         for result in ("planned", "evicted", "replaced"):
             assert value("gpupool_scheduler_migrations_total", {"reason": "background", "result": result}) == 1
         assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "evicted"}) == 0
+        assert value("gpupool_scheduler_defrag_gpus_freed_total", {"reason": "background"}) == 1
 
         # the next one may come now; the budget (10 per hour) and min-runtime 0 allow it
         nxt = tick(service)
@@ -101,6 +102,9 @@ def test_a_pod_that_starts_waiting_mid_migration_spares_the_movers_not_evicted_y
         assert service.state.pods[found.moves[0].pod.uid].evicting_for is None, "spared"
         value = service.metrics.registry.get_sample_value
         assert value("gpupool_scheduler_migrations_total", {"reason": "background", "result": "abandoned"}) == 1
+        service.defrag.tick()
+        assert not service.defrag.freeing, "a migration that stopped frees nothing"
+        assert value("gpupool_scheduler_defrag_gpus_freed_total", {"reason": "background"}) == 0
 
     asyncio.run(with_service(test, **IDLE))
 

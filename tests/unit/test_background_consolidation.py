@@ -8,8 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gpupool_sched.placement.background import Gathering, free_gpu_mask, free_gpus, plan_background
-from gpupool_sched.placement.consolidation import Movable, moved, overcommitted
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.placement.background import Gathering, free_gpu_mask, free_gpus, gpus_vacated, plan_background
+from gpupool_sched.placement.consolidation import Movable, Move, moved, overcommitted
 from gpupool_sched.placement.fragmentation import TaskClass, WorkloadProfile, cluster_fragmentation_milli
 from gpupool_sched.placement.framework import Policy
 from tests.support.clusters import BEST_FIT, Cluster, gpu_node, policies
@@ -175,3 +176,22 @@ def test_at_most_max_movers_and_a_uid_twice_is_an_error() -> None:
         plan_background(c.snap, [*movable(c), movable(c)[0]], BEST_FIT)
     with pytest.raises(ValueError):
         plan(c, max_movers=0)
+
+
+def test_gpus_vacated_counts_the_gpus_the_movers_leave_whole() -> None:
+    """What the GPUs-freed metric counts: a GPU whose every tenant moves comes free; one a mover shares
+    with a tenant that stays does not."""
+    c = Cluster([gpu_node("a", 2, gpu_mem=40 * GB), gpu_node("b", 2, gpu_mem=40 * GB)])
+    c.share("alone", "a", 0, 10 * GB, priority=0, start=1)
+    c.share("shared", "a", 1, 10 * GB, priority=0, start=2)
+    c.share("stays", "a", 1, 10 * GB, priority=0, start=3)
+    pods = {p.uid: p for p in c.pods}
+
+    def move(uid: str) -> Move:
+        return Move(pods[uid], OWNER, Placement("b", (0,), pods[uid].placement.gpu_milli, 10 * GB), 10 * GB)
+
+    assert gpus_vacated(c.snap, [move("alone")]) == 1
+    assert gpus_vacated(c.snap, [move("shared")]) == 0
+    assert gpus_vacated(c.snap, [move("alone"), move("shared")]) == 1
+    assert gpus_vacated(c.snap, [move("shared"), move("stays")]) == 1
+    assert gpus_vacated(c.snap, []) == 0

@@ -83,6 +83,15 @@ def free_gpus(snapshot: ClusterSnapshot) -> int:
     return int(free_gpu_mask(snapshot).sum())
 
 
+def gpus_vacated(snapshot: ClusterSnapshot, moves: Sequence[Move]) -> int:
+    """Whole GPUs that come free once every mover has left its devices (their destinations as `snapshot`
+    has them: held already, or not): what a migration frees, for either kind of move."""
+    after = snapshot.copy()
+    for move in moves:
+        after.release(move.pod.request, move.pod.placement)
+    return max(0, free_gpus(after) - free_gpus(snapshot))
+
+
 def _single_share(m: Movable) -> bool:
     r, p = m.pod.request, m.pod.placement
     return (r.is_shared and not r.extra and not p.extras and len(p.gpu_indices) == 1 and not p.mig_devices

@@ -23,7 +23,7 @@ from gpupool_sched.framework.plugins.victims import DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.metrics import SchedulerMetrics
-from gpupool_sched.placement.background import Gathering
+from gpupool_sched.placement.background import Gathering, gpus_vacated
 from gpupool_sched.placement.consolidation import Consolidation
 from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.framework import Policy
@@ -34,6 +34,15 @@ from gpupool_sched.writer.recorder import EventRecorder
 BUDGET_REFRESH_S = 30.0  # the default budget (1 % of running GPU pods) is recounted this often, not every tick
 BACKGROUND_RETRY_S = 30.0  # background consolidation plans again this long after a plan found nothing to gain
 PURPOSE = BACKGROUND + "/"  # a background migration's id (the reservations' `blocked`): this and a serial
+
+
+@dataclass(slots=True)
+class Freeing:
+    """What a migration under way will free: its GPUs count as freed once its last mover is replaced."""
+
+    reason: str  # the migrations metric's: blocked or background
+    gpus: int  # whole GPUs its moves free (`gpus_vacated`)
+    left: int  # movers not replaced on their destinations yet
 
 
 @dataclass
@@ -55,6 +64,7 @@ class Defrag:
     running: str | None = None  # the background migration under way, if any
     next_plan: float = float("-inf")  # queue clock before which background consolidation does not plan
     serial: int = 0
+    freeing: dict[str, Freeing] = field(default_factory=dict)  # migration (blocked UID or background purpose)
 
     @classmethod
     def build(cls, config: DefragConfig, state: ClusterState, budgets: DisruptionBudgets, queue: SchedulingQueue,
@@ -73,6 +83,8 @@ class Defrag:
             self.due.setdefault(uid, first_seen + self.movers.config.after_s)
 
     def planned(self, plan: PodPlan, migration: Consolidation) -> None:
+        moves = migration.moves
+        self.freeing[plan.uid] = Freeing(REASON, gpus_vacated(self.state.snapshot, moves), len(moves))
         self.migrator.carry_out(plan, migration)
         self.movers.carried_out(m.pod.uid for m in migration.moves)
         self.started[plan.uid] = self.queue.clock()
@@ -99,11 +111,25 @@ class Defrag:
             self.queue.retry(uid)
         if self.state.expire_reservations():
             self.queue.on_event(ClusterEvent.GPU_FREED)
+        if self.freeing:
+            self._forget_stopped()
         self.metrics.defrag_budget_remaining.set(self.movers.budget_left())
 
     def _replaced(self, reservation: Reservation) -> None:
         reason = BACKGROUND if reservation.blocked.startswith(PURPOSE) else REASON
         self.metrics.migrations.labels(reason=reason, result="replaced").inc()
+        freeing = self.freeing.get(reservation.blocked)
+        if freeing is not None:
+            freeing.left -= 1
+            if freeing.left <= 0:
+                del self.freeing[reservation.blocked]
+                self.metrics.defrag_gpus_freed.labels(reason=freeing.reason).inc(freeing.gpus)
+
+    def _forget_stopped(self) -> None:
+        """Migrations that ended without every mover replaced (stopped, abandoned, expired) free nothing."""
+        live = {r.blocked for r in self.state.reservations.values()}
+        for key in [k for k in self.freeing if k not in live]:
+            del self.freeing[key]
 
     # ---- background consolidation --------------------------------------------------------------------
     def background_allowed(self, leading: bool, waiting: bool) -> bool:
@@ -145,6 +171,7 @@ class Defrag:
             self.next_plan = self.queue.clock() + BACKGROUND_RETRY_S
             return None
         self.running = purpose
+        self.freeing[purpose] = Freeing(BACKGROUND, gpus_vacated(self.state.snapshot, found.moves), len(found.moves))
         self.migrator.carry_out_background(purpose, found, lambda: not self.waiting)
         self.movers.carried_out(m.pod.uid for m in found.moves)
         self.metrics.defrag_budget_remaining.set(self.movers.budget_left())
