@@ -123,6 +123,8 @@ def test_background_consolidation_frees_whole_gpus_and_lowers_fragmentation_with
         assert metric("gpupool_scheduler_migrations_total", reason="background", result="replaced") == len(moved), \
             "every replacement took the room held for it"
         assert metric("gpupool_scheduler_defrag_budget_remaining") == BUDGET - len(moved)
+        assert metric("gpupool_scheduler_defrag_gpus_freed_total", reason="background") == free_after - free_before, \
+            "the GPUs-freed metric counts the whole GPUs that came free"
         assert metric("gpupool_scheduler_migrations_total", reason="blocked", result="evicted") == 0
         assert len(consolidating) == len(moved) and all("held for its replacement" in e["message"]
                                                         for e in consolidating)
