@@ -47,6 +47,16 @@ from gpupool_devcluster.crds import install_crds
 from gpupool_devcluster.raw import read_json
 from gpupool_sched.framework.plugins.gangs import GROUP, PLURAL, POD_GROUP_LABEL, VERSION
 from gpupool_sched.kube import migration_record
+from tests.support.defrag_cluster import (
+    bound,
+    deployment,
+    events_named,
+    fragmented_pool,
+    held_on,
+    moves,
+    named,
+    tenants_of,
+)
 from tests.support.faultproxy import proxy_for
 from tests.support.scheduler_harness import (
     SchedulerProcess,
@@ -74,88 +84,6 @@ def scheduler(kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory) -> 
     assert proc.process.returncode == 0, f"scheduler exited with {proc.process.returncode}:\n{proc.tail()}"
 
 
-def _bound(p: dict[str, Any]) -> bool:
-    return bool(p["spec"].get("nodeName")) and not p["metadata"].get("deletionTimestamp")
-
-
-def _named(kube: ClusterClient, namespace: str, name: str) -> dict[str, Any] | None:
-    return next((p for p in list_pods(kube, namespace) if p["metadata"]["name"] == name), None)
-
-
-def _tenants(kube: ClusterClient, namespace: str, app: str = "tenants") -> list[dict[str, Any]]:
-    return [p for p in list_pods(kube, namespace)
-            if p["metadata"].get("labels", {}).get("app") == app and not p["metadata"].get("deletionTimestamp")]
-
-
-def _events(kube: ClusterClient, namespace: str, reason: str) -> list[dict[str, Any]]:
-    items = client.CoreV1Api(kube.api_client).list_namespaced_event(namespace, field_selector=f"reason={reason}").items
-    return [{"name": e.involved_object.name, "message": e.message} for e in items]
-
-
-def _moves(kube: ClusterClient, namespace: str) -> list[dict[str, Any]]:
-    return _events(kube, namespace, "Moved")
-
-
-def _held_on(moved: list[dict[str, Any]]) -> list[str]:
-    """The nodes the Moved Events say each replacement's room is held on."""
-    return sorted(m["message"].rsplit("room held on node ", 1)[1].split(";")[0] for m in moved)
-
-
-def deployment(kube: ClusterClient, namespace: str, app: str, replicas: int, manifest: dict[str, Any],
-               annotations: dict[str, str] | None = None) -> None:
-    """A Deployment `app` (its `annotations`) of `replicas` pods shaped like `manifest` (a `pod()`), labelled
-    app=`app`."""
-    manifest["metadata"]["labels"]["app"] = app
-    manifest["spec"]["restartPolicy"] = "Always"
-    del manifest["metadata"]["name"]
-    client.AppsV1Api(kube.api_client).create_namespaced_deployment(namespace, {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": app, "annotations": dict(annotations or {})},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": app}},
-                 "template": {"metadata": manifest["metadata"], "spec": manifest["spec"]}}})
-
-
-def fragmented_pool(kube: ClusterClient, namespace: str, scheduler: str, *, nodes: int = 2, app: str = "tenants",
-                    bare: bool = False, priority_class: str | None = None,
-                    labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-                    pod_annotations: dict[str, str] | None = None, grace_s: int = 0) -> tuple[str, list[str]]:
-    """`nodes` l40s nodes (4 GPUs of 44 units each) with one 10-unit tenant per GPU, labelled app=`app`:
-    the replicas of the Deployment `app` (its `annotations`), or with `bare` pods nothing recreates; the
-    tenants carry `pod_annotations` and the grace period `grace_s` (kwok's `gpupool.io/stop-takes` keeps an
-    evicted tenant terminating that long). Bare 34-unit fillers take a GPU each first (two never share
-    one), the tenants go where 10 units are left, then the fillers go."""
-    pool = unique("defrag")
-    names = add_pool_nodes(kube, pool, "l40s-pcie", nodes)
-    gpus = 4 * nodes
-    fillers = [f"filler-{pool}-{i}" for i in range(gpus)]
-    for name in fillers:
-        kube.core.create_namespaced_pod(namespace, pod(name, scheduler, pool, units=34))
-    wait_until(lambda: sum(1 for p in list_pods(kube, namespace) if p["metadata"]["name"] in fillers and _bound(p))
-               == gpus, 60, f"{gpus} fillers bound")
-
-    def tenant(name: str) -> dict[str, Any]:
-        made = pod(name, scheduler, pool, units=10, priority_class=priority_class,
-                   labels={**(labels or {}), "app": app}, annotations=pod_annotations)
-        made["spec"]["terminationGracePeriodSeconds"] = grace_s
-        return made
-
-    if bare:
-        for i in range(gpus):
-            kube.core.create_namespaced_pod(namespace, tenant(f"{app}-{i}"))
-    else:
-        deployment(kube, namespace, app, gpus, tenant("unused"), annotations)
-    wait_until(lambda: len([p for p in _tenants(kube, namespace, app) if _bound(p)]) == gpus, 90,
-               f"{gpus} tenants bound")
-    for name in fillers:
-        kube.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-    wait_until(lambda: not [p for p in list_pods(kube, namespace) if p["metadata"]["name"] in fillers],
-               60, "fillers gone")
-    used, _ = device_use(kube, _tenants(kube, namespace, app))
-    assert len(used) == gpus and all(sum(use.units.values()) == 10 for use in used.values()), \
-        "one 10-unit tenant per GPU"
-    return pool, names
-
-
 def _consolidated(kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, pool: str, nodes: list[str],
                   blocked: dict[str, Any], app: str, tenants: int) -> tuple[list[dict[str, Any]], set[str]]:
     """Create `blocked` on a fragmented pool of `tenants` Deployment tenants labelled app=`app`; every pod
@@ -163,7 +91,7 @@ def _consolidated(kube: ClusterClient, namespace: str, scheduler: SchedulerProce
     replacement's room is held, the replacements are there, no GPU is oversubscribed. Returns the Moved
     Events and the tenants' UIDs after."""
     name = blocked["metadata"]["name"]
-    before = {p["metadata"]["uid"] for p in _tenants(kube, namespace, app)}
+    before = {p["metadata"]["uid"] for p in tenants_of(kube, namespace, app)}
     replaced = scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result="replaced")
     began = time.monotonic()
     kube.core.create_namespaced_pod(namespace, blocked)
@@ -172,21 +100,21 @@ def _consolidated(kube: ClusterClient, namespace: str, scheduler: SchedulerProce
         pods = list_pods(kube, namespace)
         mine = [p for p in pods if p["metadata"].get("labels", {}).get("app") == app]
         it = [p for p in pods if p["metadata"]["name"] == name]
-        if len(mine) != tenants or not it or not all(_bound(p) for p in (*mine, *it)):
+        if len(mine) != tenants or not it or not all(bound(p) for p in (*mine, *it)):
             return None
         return pods
 
     pods = wait_until(everything_runs, 120, f"{name} and all {tenants} tenants bound within 2 minutes")
     took = time.monotonic() - began
-    moved = [m for m in _moves(kube, namespace) if f"to make room for {namespace}/{name} " in m["message"]]
+    moved = [m for m in moves(kube, namespace) if f"to make room for {namespace}/{name} " in m["message"]]
     assert 1 <= len(moved) <= 3, f"at most 3 moves: {moved}"
     consolidating = events_for(kube, namespace, name, "Consolidating")
     assert all(any(m["name"] in c["message"] for c in consolidating) for m in moved), \
         f"a Consolidating Event on the pod names every mover: {consolidating} {moved}"
-    now = {p["metadata"]["uid"]: p for p in _tenants(kube, namespace, app)}
+    now = {p["metadata"]["uid"]: p for p in tenants_of(kube, namespace, app)}
     replacements = [p for uid, p in now.items() if uid not in before]
     assert len(replacements) == len(moved), "one replacement per mover"
-    assert sorted(p["spec"]["nodeName"] for p in replacements) == _held_on(moved), \
+    assert sorted(p["spec"]["nodeName"] for p in replacements) == held_on(moved), \
         "every replacement landed on the node its mover's Event said its room was held on"
     it = next(p for p in pods if p["metadata"]["name"] == name)
     assert it["spec"]["nodeName"] in nodes
@@ -218,7 +146,7 @@ def test_the_seed_case_and_a_whole_gpu_move_one_tenant_each_and_every_pod_runs(
         moved_w, whole_uids = _consolidated(kube, namespace, scheduler, whole_pool, whole_nodes,
                                             pod("trainer", scheduler.name, whole_pool, gpus=1), "whole", 4)
         assert len(moved_w) == 1, f"one move frees a whole GPU (the replacement keeps to its reserved GPU): {moved_w}"
-        assert _held_on(moved_w) == [whole_nodes[0]], "room held on the same node"
+        assert held_on(moved_w) == [whole_nodes[0]], "room held on the same node"
         gpus, _ = device_use(kube, [p for p in list_pods(kube, namespace) if p["spec"].get("nodeName")
                                     in whole_nodes])
         held_whole = [key for key, use in gpus.items() if use.whole == [f"{namespace}/trainer"]]
@@ -228,9 +156,9 @@ def test_the_seed_case_and_a_whole_gpu_move_one_tenant_each_and_every_pod_runs(
 
         # the loop check: on the consolidated state nothing moves again
         time.sleep(60)
-        assert len(_moves(kube, namespace)) == len(moved) + len(moved_w), "no Moved Event in the minute after"
-        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == seed_uids, "nobody evicted since"
-        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace, "whole")} == whole_uids, \
+        assert len(moves(kube, namespace)) == len(moved) + len(moved_w), "no Moved Event in the minute after"
+        assert {p["metadata"]["uid"] for p in tenants_of(kube, namespace)} == seed_uids, "nobody evicted since"
+        assert {p["metadata"]["uid"] for p in tenants_of(kube, namespace, "whole")} == whole_uids, \
             "nobody evicted since"
     finally:
         for app in ("tenants", "whole"):
@@ -250,16 +178,16 @@ def test_a_spent_budget_makes_the_third_pod_wait_and_says_why(
     try:
         for i in (1, 2):
             kube.core.create_namespaced_pod(namespace, pod(f"big-{i}", proc.name, pool, units=35))
-            wait_until(lambda i=i: next((_bound(p) for p in list_pods(kube, namespace)
+            wait_until(lambda i=i: next((bound(p) for p in list_pods(kube, namespace)
                                          if p["metadata"]["name"] == f"big-{i}"), False), 90, f"big-{i} bound")
-        assert len(_moves(kube, namespace)) == 2
+        assert len(moves(kube, namespace)) == 2
         kube.core.create_namespaced_pod(namespace, pod("big-3", proc.name, pool, units=35))
         said = wait_until(lambda: [e for e in events_for(kube, namespace, "big-3", "FailedScheduling")
                                    if "defragmentation budget (2 moves per hour) is spent" in e["message"]],
                           60, "big-3 told the budget is spent")
         assert "no pod moves for it" in said[0]["message"]
         time.sleep(5)
-        assert len(_moves(kube, namespace)) == 2
+        assert len(moves(kube, namespace)) == 2
         assert not next(p for p in list_pods(kube, namespace) if p["metadata"]["name"] == "big-3")["spec"].get(
             "nodeName")
         assert proc.metric("gpupool_scheduler_defrag_budget_remaining") == 0
@@ -296,7 +224,7 @@ def test_the_leader_killed_mid_migration_the_new_one_finishes_it_with_the_same_h
         try:
             pool, nodes = fragmented_pool(kube, namespace, name, pod_annotations={"gpupool.io/stop-takes": "20s"},
                                           grace_s=30)
-            before = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
+            before = {p["metadata"]["uid"] for p in tenants_of(kube, namespace)}
             proxy.freeze_after_evictions(1)
             kube.core.create_namespaced_pod(namespace, pod("big", name, pool, units=35))
             assert proxy.frozen.wait(90), "the leader evicted no tenant within 90 s"
@@ -312,11 +240,11 @@ def test_the_leader_killed_mid_migration_the_new_one_finishes_it_with_the_same_h
                 pods = list_pods(kube, namespace)
                 tenants = [p for p in pods if p["metadata"].get("labels", {}).get("app") == "tenants"
                            and not p["metadata"].get("deletionTimestamp")]
-                done = [p for p in pods if p["metadata"]["name"] == "big" and _bound(p)]
-                return pods if done and len(tenants) == 8 and all(_bound(p) for p in tenants) else None
+                done = [p for p in pods if p["metadata"]["name"] == "big" and bound(p)]
+                return pods if done and len(tenants) == 8 and all(bound(p) for p in tenants) else None
 
             pods = wait_until(settled, 120, "the big pod and 8 tenants bound after the failover")
-            tenants = {p["metadata"]["uid"]: p for p in _tenants(kube, namespace)}
+            tenants = {p["metadata"]["uid"]: p for p in tenants_of(kube, namespace)}
             (replacement,) = [p for uid, p in tenants.items() if uid not in before]
             assert move.mover not in tenants
             node = read_json(kube.core.read_node(move.destination.node, _preload_content=False))
@@ -329,13 +257,13 @@ def test_the_leader_killed_mid_migration_the_new_one_finishes_it_with_the_same_h
             assert second.metric("gpupool_scheduler_migrations_total", reason="blocked", result="replaced") == 1
             assert second.metric("gpupool_scheduler_migrations_total", reason="blocked", result="planned") == 0
             assert second.metric("gpupool_scheduler_migrations_total", reason="blocked", result="evicted") == 0
-            assert not _moves(kube, namespace)  # the old leader never heard its eviction answered: no Moved Event
+            assert not moves(kube, namespace)  # the old leader never heard its eviction answered: no Moved Event
             assert_no_oversubscription(kube, list_pods(kube, namespace))
 
             time.sleep(60)  # the loop check
-            assert not _moves(kube, namespace)
+            assert not moves(kube, namespace)
             assert second.metric("gpupool_scheduler_migrations_total", reason="blocked", result="planned") == 0
-            assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == set(tenants)
+            assert {p["metadata"]["uid"] for p in tenants_of(kube, namespace)} == set(tenants)
         finally:
             apps.delete_namespaced_deployment("tenants", namespace)
             if nodes:
@@ -397,7 +325,7 @@ def test_a_surge_deployment_moves_without_a_dip_in_ready_replicas(
     pool, nodes = fragmented_pool(kube, namespace, scheduler.name, annotations=SURGE, pod_annotations=SLOW_READY)
     try:
         wait_until(lambda: _deployment(kube, namespace)["status"].get("readyReplicas") == 8, 60, "8 tenants Ready")
-        before = {p["metadata"]["uid"]: p for p in _tenants(kube, namespace)}
+        before = {p["metadata"]["uid"]: p for p in tenants_of(kube, namespace)}
         counts = {r: scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result=r)
                   for r in ("surged", "evicted", "replaced")}
         with Sampler(kube, namespace) as sampler:
@@ -409,17 +337,17 @@ def test_a_surge_deployment_moves_without_a_dip_in_ready_replicas(
                 big = [p for p in pods if p["metadata"]["name"] == "big"]
                 tenants = [p for p in pods if p["metadata"].get("labels", {}).get("app") == "tenants"]
                 d = _deployment(kube, namespace)
-                if (not big or not _bound(big[0]) or len(tenants) != 8 or not all(_bound(p) for p in tenants)
+                if (not big or not bound(big[0]) or len(tenants) != 8 or not all(bound(p) for p in tenants)
                         or d["spec"]["replicas"] != 8 or (d["status"].get("readyReplicas") or 0) != 8):
                     return None
                 return pods
 
             pods = wait_until(moved_and_settled, 120, "the big pod bound and the Deployment back to 8 Ready", 0.2)
             took = time.monotonic() - began
-            moved = _moves(kube, namespace)
+            moved = moves(kube, namespace)
             assert len(moved) == 1 and "Moved by surge" in moved[0]["message"], moved
             (mover,) = [p for p in before.values() if p["metadata"]["name"] == moved[0]["name"]]
-            now = {p["metadata"]["uid"]: p for p in _tenants(kube, namespace)}
+            now = {p["metadata"]["uid"]: p for p in tenants_of(kube, namespace)}
             assert set(before) - set(now) == {mover["metadata"]["uid"]}  # the old replica is the one removed
             (new,) = [p for uid, p in now.items() if uid not in before]
             consolidating = events_for(kube, namespace, "big", "Consolidating")
@@ -441,8 +369,8 @@ def test_a_surge_deployment_moves_without_a_dip_in_ready_replicas(
             surged_at = [t for t, _, spec, _ in sampler.samples if spec == 9]  # the window may fall between two
             # the loop check, still sampling: on the consolidated state nothing moves again
             time.sleep(60)
-        assert len(_moves(kube, namespace)) == 1
-        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == set(now)
+        assert len(moves(kube, namespace)) == 1
+        assert {p["metadata"]["uid"] for p in tenants_of(kube, namespace)} == set(now)
         samples = sampler.samples
         span = samples[-1][0] - samples[0][0]
         assert len(samples) >= span / 0.2 * 0.5, f"{len(samples)} samples in {span:.0f}s"
@@ -482,7 +410,7 @@ def test_an_hpa_and_a_surge_deployment_do_not_fight(
             return bool((hpa.get("status") or {}).get("conditions"))
         wait_until(reconciled, 60, "the HPA reconciled")
         generation = _deployment(kube, namespace)["metadata"]["generation"]
-        before = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
+        before = {p["metadata"]["uid"] for p in tenants_of(kube, namespace)}
         refused = scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result="refused")
         with Sampler(kube, namespace) as sampler:
             kube.core.create_namespaced_pod(namespace, pod("big", scheduler.name, pool, units=35))
@@ -492,8 +420,8 @@ def test_an_hpa_and_a_surge_deployment_do_not_fight(
         assert f"HorizontalPodAutoscaler {namespace}/tenants-hpa" in said[0]["message"]
         assert {(g, spec) for _, g, spec, _ in sampler.samples} == {(generation, 8)}
         assert min(s[3] for s in sampler.samples) == 8
-        assert _moves(kube, namespace) == []
-        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == before
+        assert moves(kube, namespace) == []
+        assert {p["metadata"]["uid"] for p in tenants_of(kube, namespace)} == before
         assert not next(p for p in list_pods(kube, namespace) if p["metadata"]["name"] == "big")["spec"].get(
             "nodeName")
         assert scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result="refused") == refused + 1
@@ -515,20 +443,20 @@ def test_podgroup_members_never_move_and_the_blocked_pod_waits(
     planned_before = scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked", result="planned")
     pool, nodes = fragmented_pool(kube, namespace, scheduler.name, nodes=1, labels={POD_GROUP_LABEL: "serving"})
     try:
-        members = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
+        members = {p["metadata"]["uid"] for p in tenants_of(kube, namespace)}
         assert len(members) == 4
         kube.core.create_namespaced_pod(namespace, pod("trainer", scheduler.name, pool, gpus=1))
         wait_until(lambda: events_for(kube, namespace, "trainer", "FailedScheduling"), 30,
                    "FailedScheduling on the blocked pod")
         time.sleep(8)  # past --defrag-after (2 s) and the retry it brings: a move would have started by now
-        assert not _events(kube, namespace, "Consolidating") and not _moves(kube, namespace), \
+        assert not events_named(kube, namespace, "Consolidating") and not moves(kube, namespace), \
             "no Consolidating or Moved Event"
         assert scheduler.metric("gpupool_scheduler_migrations_total", reason="blocked",
                                 result="planned") == planned_before, "no migration planned"
-        tenants = _tenants(kube, namespace)
-        assert {p["metadata"]["uid"] for p in tenants} == members and all(_bound(p) for p in tenants), \
+        tenants = tenants_of(kube, namespace)
+        assert {p["metadata"]["uid"] for p in tenants} == members and all(bound(p) for p in tenants), \
             "every member still runs where it was: nobody evicted"
-        trainer = _named(kube, namespace, "trainer")
+        trainer = named(kube, namespace, "trainer")
         assert trainer is not None and not trainer["spec"].get("nodeName"), "the blocked pod waits"
         assert not (trainer.get("status") or {}).get("nominatedNodeName"), "and is nominated nowhere"
     finally:
@@ -554,18 +482,18 @@ def test_bare_pods_are_preempted_not_moved_and_movable_ones_are_moved_not_preemp
             pool, nodes = fragmented_pool(kube, namespace, proc.name, nodes=1, app="bare", bare=True,
                                           priority_class=low)
             made += nodes
-            before = {p["metadata"]["name"]: p for p in _tenants(kube, namespace, "bare")}
+            before = {p["metadata"]["name"]: p for p in tenants_of(kube, namespace, "bare")}
             kube.core.create_namespaced_pod(namespace, pod("urgent", proc.name, pool, gpus=1, priority_class=high))
-            urgent = wait_until(lambda: (u := _named(kube, namespace, "urgent")) and _bound(u) and u, 60,
+            urgent = wait_until(lambda: (u := named(kube, namespace, "urgent")) and bound(u) and u, 60,
                                 "the high-priority pod bound")
-            left = {p["metadata"]["name"] for p in _tenants(kube, namespace, "bare")}
+            left = {p["metadata"]["name"] for p in tenants_of(kube, namespace, "bare")}
             gone = sorted(set(before) - left)
             assert len(gone) == 1, f"exactly one bare pod preempted: {gone}"
             preempting = events_for(kube, namespace, "urgent", "Preempting")
             assert preempting and gone[0] in preempting[0]["message"], \
                 f"a preemption of {gone}, announced on the pod: {preempting}"
             assert len(events_for(kube, namespace, gone[0], "Preempted")) == 1, "the victim told it was preempted"
-            assert not _events(kube, namespace, "Consolidating") and not _moves(kube, namespace), \
+            assert not events_named(kube, namespace, "Consolidating") and not moves(kube, namespace), \
                 "bare pods never move: no Consolidating or Moved Event"
             victim_gpus, _ = device_use(kube, [before[gone[0]]])
             urgent_gpus, _ = device_use(kube, [urgent])
@@ -576,26 +504,26 @@ def test_bare_pods_are_preempted_not_moved_and_movable_ones_are_moved_not_preemp
             # the same priorities and shape with Deployment tenants: a move, no preemption
             pool2, nodes2 = fragmented_pool(kube, namespace, proc.name, nodes=1, priority_class=low)
             made += nodes2
-            tenants_before = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
+            tenants_before = {p["metadata"]["uid"] for p in tenants_of(kube, namespace)}
             kube.core.create_namespaced_pod(namespace, pod("urgent-2", proc.name, pool2, gpus=1,
                                                            priority_class=high))
 
             def everything_runs() -> bool:
-                tenants = _tenants(kube, namespace)
-                u = _named(kube, namespace, "urgent-2")
-                return len(tenants) == 4 and all(_bound(p) for p in tenants) and u is not None and _bound(u)
+                tenants = tenants_of(kube, namespace)
+                u = named(kube, namespace, "urgent-2")
+                return len(tenants) == 4 and all(bound(p) for p in tenants) and u is not None and bound(u)
 
             wait_until(everything_runs, 120, "urgent-2 and all 4 tenants bound")
-            moved = _moves(kube, namespace)
+            moved = moves(kube, namespace)
             assert 1 <= len(moved) <= 3 and all(m["name"].startswith("tenants-") for m in moved), moved
             assert events_for(kube, namespace, "urgent-2", "Consolidating"), "a move, announced on the pod"
             waited = [e for e in events_for(kube, namespace, "urgent-2", "FailedScheduling")
                       if "not preempting meanwhile" in e["message"]]
             assert waited, "while it waited --defrag-after, the pod was told a move comes, not a preemption"
             assert not events_for(kube, namespace, "urgent-2", "Preempting"), "no preemption for urgent-2"
-            assert len(_events(kube, namespace, "Preempted")) == 1, "only the bare pod was ever preempted"
+            assert len(events_named(kube, namespace, "Preempted")) == 1, "only the bare pod was ever preempted"
             assert proc.metric("gpupool_scheduler_preemption_victims_total") == 1
-            replacements = [p for p in _tenants(kube, namespace) if p["metadata"]["uid"] not in tenants_before]
+            replacements = [p for p in tenants_of(kube, namespace) if p["metadata"]["uid"] not in tenants_before]
             assert len(replacements) == len(moved) and all(p["spec"]["nodeName"] == nodes2[0] for p in replacements)
             assert_no_oversubscription(kube, list_pods(kube, namespace))
     finally:
@@ -627,40 +555,40 @@ def test_a_tenant_moved_once_is_not_moved_again_within_the_cooldown(
     def bare(pod_name: str, units: int) -> None:
         kube.core.create_namespaced_pod(namespace, pod(pod_name, proc.name, pool, units=units))
 
-    def bound(*names: str) -> None:
-        wait_until(lambda: all((p := _named(kube, namespace, n)) is not None and _bound(p) for n in names), 60,
+    def wait_bound(*names: str) -> None:
+        wait_until(lambda: all((p := named(kube, namespace, n)) is not None and bound(p) for n in names), 60,
                    f"{', '.join(names)} bound")
 
     def deleted(pod_name: str) -> None:
         kube.core.delete_namespaced_pod(pod_name, namespace, grace_period_seconds=0)
-        wait_until(lambda: _named(kube, namespace, pod_name) is None, 60, f"{pod_name} gone")
+        wait_until(lambda: named(kube, namespace, pod_name) is None, 60, f"{pod_name} gone")
 
     def solo() -> list[dict[str, Any]]:
-        return [p for p in _tenants(kube, namespace, "solo") if _bound(p)]
+        return [p for p in tenants_of(kube, namespace, "solo") if bound(p)]
 
     try:
         bare("x-c", 44)
         bare("x-d", 44)
-        bound("x-c", "x-d")
+        wait_bound("x-c", "x-d")
         bare("filler-b", 35)  # one of the two empty GPUs
-        bound("filler-b")
+        wait_bound("filler-b")
         bare("filler-a", 34)  # the other: only 10 units left there
-        bound("filler-a")
+        wait_bound("filler-a")
         deployment(kube, namespace, "solo", 1, pod("unused", proc.name, pool, units=10))
         wait_until(lambda: len(solo()) == 1, 60, "solo bound next to filler-a")
         deleted("filler-b")
         bare("x-b", 30)  # GPU b: the only one with 30 units free
-        bound("x-b")
+        wait_bound("x-b")
         deleted("filler-a")
         gpus, _ = device_use(kube, list_pods(kube, namespace))
         assert sorted(sum(use.units.values()) for use in gpus.values()) == [10, 30, 44, 44], gpus
         first = solo()[0]
 
         kube.core.create_namespaced_pod(namespace, pod("big-1", proc.name, pool, units=35))
-        bound("big-1")
+        wait_bound("big-1")
         wait_until(lambda: len(solo()) == 1 and solo()[0]["metadata"]["uid"] != first["metadata"]["uid"], 60,
                    "solo's replacement bound")
-        moved = _moves(kube, namespace)
+        moved = moves(kube, namespace)
         assert [m["name"] for m in moved] == [first["metadata"]["name"]], f"one move, of solo: {moved}"
         wait_until(lambda: proc.metric("gpupool_scheduler_migrations_total", reason="blocked",
                                        result="replaced") == 1, 30, "the replacement placed on its reservation")
@@ -672,17 +600,17 @@ def test_a_tenant_moved_once_is_not_moved_again_within_the_cooldown(
 
         deleted("x-d")
         bare("y-d", 34)  # GPU d now has 10 units free: room for solo, not for big-2
-        bound("y-d")
+        wait_bound("y-d")
         kube.core.create_namespaced_pod(namespace, pod("big-2", proc.name, pool, units=12))
         wait_until(lambda: events_for(kube, namespace, "big-2", "FailedScheduling"), 30,
                    "FailedScheduling on big-2")
         time.sleep(8)  # past --defrag-after (2 s) and the retry it brings: a move would have started by now
-        assert len(_moves(kube, namespace)) == 1, f"no second Moved Event: {_moves(kube, namespace)}"
+        assert len(moves(kube, namespace)) == 1, f"no second Moved Event: {moves(kube, namespace)}"
         assert not events_for(kube, namespace, "big-2", "Consolidating")
         now = solo()
         assert len(now) == 1 and now[0]["metadata"]["uid"] == replacement["metadata"]["uid"], \
             "solo's replacement still runs where it was"
-        waiting = _named(kube, namespace, "big-2")
+        waiting = named(kube, namespace, "big-2")
         assert waiting is not None and not waiting["spec"].get("nodeName"), "big-2 waits"
         assert proc.metric("gpupool_scheduler_migrations_total", reason="blocked", result="planned") == 1
         proc.stop()
@@ -690,8 +618,8 @@ def test_a_tenant_moved_once_is_not_moved_again_within_the_cooldown(
 
         # not vacuous: the same state, no cooldown: solo's replacement moves to GPU d and big-2 runs
         proc = start_scheduler(kube, name, logs, *FLAGS, "--defrag-cooldown", "0")
-        bound("big-2")
-        moved = _moves(kube, namespace)
+        wait_bound("big-2")
+        moved = moves(kube, namespace)
         assert sorted(m["name"] for m in moved) == sorted([first["metadata"]["name"],
                                                            replacement["metadata"]["name"]]), moved
         wait_until(lambda: len(solo()) == 1, 60, "solo's second replacement bound")

@@ -34,7 +34,7 @@ from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.placement.background import free_gpus
 from gpupool_sched.placement.fragmentation import cluster_fragmentation_milli
 from gpupool_sched.placement.workload import default_prior
-from tests.e2e.test_defrag import _bound, _events, _held_on, _moves, _tenants, fragmented_pool
+from tests.support.defrag_cluster import bound, events_named, fragmented_pool, held_on, moves, tenants_of
 from tests.support.scheduler_harness import (
     SchedulerProcess,
     assert_no_oversubscription,
@@ -71,7 +71,7 @@ def measure(kube: ClusterClient, namespace: str, scheduler: str, nodes: list[str
 
 
 def _consolidating(kube: ClusterClient, namespace: str) -> list[dict[str, Any]]:
-    return [e for e in _events(kube, namespace, "Consolidating") if "background consolidation" in e["message"]]
+    return [e for e in events_named(kube, namespace, "Consolidating") if "background consolidation" in e["message"]]
 
 
 def test_background_consolidation_frees_whole_gpus_and_lowers_fragmentation_within_budget(
@@ -81,7 +81,7 @@ def test_background_consolidation_frees_whole_gpus_and_lowers_fragmentation_with
     nodes: list[str] = []
     try:
         _, nodes = fragmented_pool(kube, namespace, scheduler.name)
-        before_uids = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
+        before_uids = {p["metadata"]["uid"] for p in tenants_of(kube, namespace)}
         free_before, frag_before = measure(kube, namespace, scheduler.name, nodes)
         assert not _consolidating(kube, namespace), "measured before anything moved (min-runtime 15 s)"
         assert free_before == 0
@@ -90,8 +90,8 @@ def test_background_consolidation_frees_whole_gpus_and_lowers_fragmentation_with
         def settled() -> bool:
             planned = scheduler.metric("gpupool_scheduler_migrations_total", reason="background", result="planned")
             replaced = scheduler.metric("gpupool_scheduler_migrations_total", reason="background", result="replaced")
-            tenants = _tenants(kube, namespace)
-            return (planned > 0 and planned == replaced and len(tenants) == 8 and all(_bound(p) for p in tenants)
+            tenants = tenants_of(kube, namespace)
+            return (planned > 0 and planned == replaced and len(tenants) == 8 and all(bound(p) for p in tenants)
                     and measure(kube, namespace, scheduler.name, nodes)[0] >= 4)
 
         wait_until(settled, 120, "background moves done: every planned tenant replaced, a node whole free")
@@ -106,7 +106,7 @@ def test_background_consolidation_frees_whole_gpus_and_lowers_fragmentation_with
             wait_until(settled, 60, "the later moves done")
         took = time.monotonic() - began
         free_after, frag_after = measure(kube, namespace, scheduler.name, nodes)
-        moved = _moves(kube, namespace)
+        moved = moves(kube, namespace)
         consolidating = _consolidating(kube, namespace)
         print(f"background consolidation: whole free GPUs {free_before} -> {free_after}, FGD fragmentation "
               f"{frag_before / 1000:.2f} -> {frag_after / 1000:.2f} GPUs, {len(moved)} move(s) in {took:.0f}s")
@@ -114,7 +114,7 @@ def test_background_consolidation_frees_whole_gpus_and_lowers_fragmentation_with
         assert frag_after < frag_before, "the FGD fragmentation went down"
 
         # every move within the budget, and each with its destination held before the eviction
-        now_uids = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
+        now_uids = {p["metadata"]["uid"] for p in tenants_of(kube, namespace)}
         evicted = before_uids - now_uids
         assert 1 <= len(moved) <= BUDGET and len(evicted) == len(moved), (moved, evicted)
         metric = scheduler.metric
@@ -130,15 +130,15 @@ def test_background_consolidation_frees_whole_gpus_and_lowers_fragmentation_with
                                                         for e in consolidating)
         assert {e["name"] for e in consolidating} == {m["name"] for m in moved}
         pods = list_pods(kube, namespace)
-        replacements = [p for p in _tenants(kube, namespace) if p["metadata"]["uid"] not in before_uids]
-        assert sorted(p["spec"]["nodeName"] for p in replacements) == _held_on(moved), \
+        replacements = [p for p in tenants_of(kube, namespace) if p["metadata"]["uid"] not in before_uids]
+        assert sorted(p["spec"]["nodeName"] for p in replacements) == held_on(moved), \
             "every replacement landed on the node its mover's Event said its room was held on"
         assert_no_oversubscription(kube, pods)
 
         # the loop check: a minute more, nothing moves (the planner finds nothing to gain)
         time.sleep(60)
-        assert len(_moves(kube, namespace)) == len(moved), "no Moved Event in the minute after"
-        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == now_uids, "nobody evicted since"
+        assert len(moves(kube, namespace)) == len(moved), "no Moved Event in the minute after"
+        assert {p["metadata"]["uid"] for p in tenants_of(kube, namespace)} == now_uids, "nobody evicted since"
         assert measure(kube, namespace, scheduler.name, nodes) == (free_after, frag_after)
     finally:
         with contextlib.suppress(ApiException):
@@ -154,10 +154,10 @@ def test_a_real_pod_waiting_for_gpus_stops_background_moves(
     try:
         pool, nodes = fragmented_pool(kube, namespace, scheduler.name)
         kube.core.create_namespaced_pod(namespace, pod("trainer", scheduler.name, pool, units=44))
-        before_uids = {p["metadata"]["uid"] for p in _tenants(kube, namespace)}
+        before_uids = {p["metadata"]["uid"] for p in tenants_of(kube, namespace)}
         time.sleep(30)  # past min-runtime and the quiet time: background moves would have begun
-        assert not _consolidating(kube, namespace) and not _moves(kube, namespace), "nothing moved while it pends"
-        assert {p["metadata"]["uid"] for p in _tenants(kube, namespace)} == before_uids, "nobody evicted"
+        assert not _consolidating(kube, namespace) and not moves(kube, namespace), "nothing moved while it pends"
+        assert {p["metadata"]["uid"] for p in tenants_of(kube, namespace)} == before_uids, "nobody evicted"
         assert not next(p for p in list_pods(kube, namespace) if p["metadata"]["name"] == "trainer")["spec"].get(
             "nodeName"), "the trainer still waits"
         assert scheduler.metric("gpupool_scheduler_defrag_background_allowed") == 0

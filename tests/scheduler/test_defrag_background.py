@@ -18,8 +18,8 @@ from gpupool_sched.framework.plugins.movers import DefragConfig, in_window, pars
 from gpupool_sched.placement.background import free_gpus
 from gpupool_sched.scheduler.defrag import PURPOSE
 from gpupool_sched.scheduler.service import SchedulerService
-from tests.scheduler.test_defrag import add, events, evictions, owned, run_queue, seed, tenant, with_service
 from tests.support.apiserver import NODES, PODS, ApiServer
+from tests.support.defrag_service import add, events, evictions, owned, run_queue, seed, tenant, with_service
 from tests.support.objects import node_obj, pod_obj
 
 IDLE = {"background": "idle", "background_quiet_s": 0.0, "per_hour": 10}
