@@ -670,3 +670,32 @@ def test_a_count_changed_by_someone_else_mid_surge_is_left_alone() -> None:
         assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "failed"}) == 1
 
     asyncio.run(with_service(test, surge_timeout_s=30.0))
+
+
+def test_a_surge_extends_the_recorded_holds_and_a_standby_keeps_them_that_long() -> None:
+    """A surge holds the destination and the nomination for --defrag-surge-timeout more (the new replica
+    must become Ready first): the migration record on the blocked pod says so too, and a standby that reads
+    it holds as long, so that a failover mid-surge does not drop the holds early. (Before, the record kept
+    the eviction's `until`, about 210 s: the first assertion failed.)"""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        mover, _ = await surge_started(service, server)
+        big = server.objects[PODS]["ns/big"]
+        try:
+            record = migration_record.record_of(big)
+            assert record is not None and record.until >= time.time() + 550, record
+            standby = SchedulerService(SchedulerConfig(defrag=DefragConfig(after_s=0.0, min_runtime_s=0.0)),
+                                       service.api)
+            for name in ("n1", "n2"):
+                standby.on_node("ADDED", server.objects[NODES][f"/{name}"])
+            for obj in list(server.objects[PODS].values()):
+                if obj["metadata"]["name"] != "big":
+                    standby.on_pod("ADDED", obj)
+            standby.on_pod("ADDED", recorded(server, big, mover["spec"]["nodeName"]))
+            nomination = standby.state.nominations[big["metadata"]["uid"]]
+            assert nomination.deadline >= standby.state.clock() + 550
+            await standby.informers.stop()
+        finally:
+            gone(service, server, big)  # ends the surge (rolled back): nothing left waiting
+            await service.defrag.migrator.drain()
+
+    asyncio.run(with_service(test, surge_timeout_s=600.0))

@@ -59,9 +59,13 @@ class Reservations(Nominator):
     def adopt_reservation(self, blocked: str, move: RecordedMove, since: float, deadline: float) -> Reservation | None:
         """Hold what another instance held for `move`'s replacement (the blocked pod's migration record, whose
         holds were taken at `since`, wall-clock seconds): a standby mirrors the leader, a new leader takes
-        the holds over. None when there is nothing to hold: held already, the destination unknown, the
-        replacement already placed there, or the room taken."""
+        the holds over. None when there is nothing to hold: held already (an adopted hold lasts until the
+        later `deadline`: a surge extends the record), the destination unknown, the replacement already
+        placed there, or the room taken."""
         uid = reservation_uid(move.mover)
+        held = self.reservations.get(uid)
+        if held is not None and held.adopted:
+            held.deadline = max(held.deadline, deadline)
         if uid in self.pods or move.destination.node not in self.nodes or deadline <= self.clock():
             return None
         if self._replacement_on(move.destination.node, move.owner, move.request, move.mover, since) is not None:
@@ -190,6 +194,13 @@ class Reservations(Nominator):
         reservation = self.reservations.get(reservation_uid(mover))
         if reservation is not None:
             reservation.deadline = max(reservation.deadline, until)
+
+    def extend_adopted(self, blocked: str, deadline: float) -> None:
+        """An adopted nomination of a pod whose migration record holds until `deadline` (state clock) lasts
+        that long (a surge's holds outlast an eviction's)."""
+        nomination = self.nominations.get(blocked)
+        if nomination is not None and nomination.adopted:
+            nomination.deadline = max(nomination.deadline, deadline)
 
     def migrating_nodes(self) -> set[str]:
         """Nodes a migration is under way on: a reservation's destination, or a mover's node while the pod

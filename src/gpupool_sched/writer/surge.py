@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +99,8 @@ class Surger:
         self.api = api
         self.timeout_s = timeout_s
         self.poll_s = poll_s
+        # the holds of the blocked pod's migration were extended: its record (on the pod) says so too
+        self.on_extended: Callable[[str], Awaitable[None]] | None = None
 
     # ---- is the mover's Deployment one that surges? --------------------------------------------------
     async def deployment_of(self, entry: PodEntry) -> Deployment | None:
@@ -200,7 +202,7 @@ class Surger:
 
     async def _surge(self, blocked: str, mover: _Mover, target: Deployment, replicas: int,
                      before: set[str]) -> Outcome:
-        self.state.extend_migration(blocked, mover.uid, self.timeout_s + SCALE_DOWN_WINDOW_S)
+        await self._extend(blocked, mover.uid, self.timeout_s + SCALE_DOWN_WINDOW_S)
         try:
             scaled = await self._scale(target, replicas, replicas + 1)
         except ApiError as exc:
@@ -231,7 +233,7 @@ class Surger:
             await asyncio.sleep(self.poll_s)
         assert seen is not None
         # the new replica is Ready: the mover goes, the count goes back
-        self.state.extend_migration(blocked, mover.uid, (mover.grace_s or 30) + SCALE_DOWN_WINDOW_S)
+        await self._extend(blocked, mover.uid, (mover.grace_s or 30) + SCALE_DOWN_WINDOW_S)
         namespace, _, name = mover.key.partition("/")
         try:
             await self.api.set_deletion_cost(namespace, name, mover.uid, LOWEST_COST)
@@ -249,6 +251,13 @@ class Surger:
         log.info("surge: %s Ready on %s; Deployment %s back to %d, %s goes", seen.key, seen.node, target.key,
                  replicas, mover.key)
         return Outcome("surged", None, seen.key, seen.node, replicas)
+
+    async def _extend(self, blocked: str, mover: str, seconds: float) -> None:
+        """The holds last `seconds` more, here and in the blocked pod's migration record (where a standby
+        and the next leader read them)."""
+        self.state.extend_migration(blocked, mover, seconds)
+        if self.on_extended is not None:
+            await self.on_extended(blocked)
 
     def _new_replica(self, mover: _Mover, before: set[str]) -> PodEntry | None:
         """The ReplicaSet's pod created by the surge: placed since it began, with the mover's controller;
