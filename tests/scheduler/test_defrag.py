@@ -311,6 +311,12 @@ def test_a_new_leader_holds_what_the_old_one_held_and_the_replacement_lands_ther
             snap = new.state.snapshot
             assert (snap.gpu_mem_free[snap.gpu_usable] >= 0).all()
             assert len(evictions(server)) == 1  # the new leader evicted nobody
+            # the old leader's move counts here too: on the budget (1 move per hour by default here), and
+            # the replacement stays in place for the cooldown (before, both lived in the old leader only)
+            assert new.defrag.movers.budget_left() == 0
+            assert replacement["metadata"]["uid"] not in {m.pod.uid for m in new.defrag.movers.candidates(0)}
+            mark = server.objects[PODS]["ns/tenants-new"]["metadata"]["annotations"][migration_record.MOVED_ANNOTATION]
+            assert migration_record.decode_moved(mark).mover == mover["metadata"]["uid"]
         finally:
             await new.recorder.stop()
             await new.informers.stop()
@@ -375,6 +381,110 @@ def test_a_standby_mirrors_the_holds_and_lets_go_when_the_replacement_is_bound()
         await standby.informers.stop()
 
     asyncio.run(with_service(test))
+
+
+def restarted(server: ApiServer, api: Any, **defrag: Any) -> SchedulerService:
+    """A scheduler started afresh (a restart, or a new leader) from what the API server holds."""
+    new = SchedulerService(SchedulerConfig(defrag=DefragConfig(**{"after_s": 0.0, "min_runtime_s": 0.0, **defrag})),
+                           api)
+    for obj in server.objects[NODES].values():
+        new.on_node("ADDED", obj)
+    for obj in list(server.objects[PODS].values()):
+        new.on_pod("ADDED", obj)
+    return new
+
+
+def test_a_restarted_scheduler_keeps_the_cooldown_and_counts_the_moves_of_the_hour() -> None:
+    """The move is on the pods: the blocked pod's record lists the mover, the replacement's Binding marks it
+    (gpupool.io/moved). A scheduler started afresh from the API's objects counts that move on its hourly
+    budget and does not move the replacement within the cooldown. (Before, a restart forgot both: the
+    replacement was a candidate again and the budget was whole.)"""
+    async def test(old: SchedulerService, server: ApiServer) -> None:
+        _, _, mover = await leader_moves_one(old, server)
+        gone(old, server, mover)
+        replacement = add(old, server, owned(pod_obj("tenants-new", units=10)))
+        await run_queue(old, rounds=60, until=lambda: len(server.bindings) == 2)
+        assert len(server.bindings) == 2
+        new = restarted(server, old.api, per_hour=5)
+        try:
+            candidates = {m.pod.uid for m in new.defrag.movers.candidates(0)}
+            assert replacement["metadata"]["uid"] not in candidates and len(candidates) == 7
+            assert new.defrag.movers.budget_left() == 4
+            # once the cooldown is over it may move again (the mark does not pin it for ever)
+            later = restarted(server, old.api, per_hour=5, cooldown_s=0.0)
+            assert replacement["metadata"]["uid"] in {m.pod.uid for m in later.defrag.movers.candidates(0)}
+            await later.informers.stop()
+        finally:
+            await new.informers.stop()
+
+    asyncio.run(with_service(test))
+
+
+def test_a_statefulsets_pod_keeps_its_cooldown_by_name() -> None:
+    """A StatefulSet's pod comes back with the same name (its ordinal): its cooldown follows the name, even
+    when its new pod was not placed on the held room (nothing links the two UIDs then)."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        for name in ("n1", "n2"):
+            service.on_node("ADDED", server.put(NODES, node_obj(name)))
+        pods = []
+        for gpu in range(4):
+            obj = tenant(service, "n1", gpu)
+            obj["metadata"]["ownerReferences"][0].update(kind="StatefulSet", name="db", uid="sts-db")
+            pods.append(add(service, server, obj))
+        movers = service.defrag.movers
+        movers.carried_out([pods[0]["metadata"]["uid"]])
+        gone(service, server, pods[0])  # evicted; the StatefulSet makes db-0 again (a new UID), placed anywhere
+        again = tenant(service, "n1", 0)
+        again["metadata"]["ownerReferences"][0].update(kind="StatefulSet", name="db", uid="sts-db")
+        again["metadata"]["name"] = pods[0]["metadata"]["name"]
+        again = add(service, server, again)
+        candidates = {m.pod.uid for m in movers.candidates(0)}
+        assert again["metadata"]["uid"] not in candidates and len(candidates) == 3
+        # a restart reads the move back from the blocked pod's record: the name stays in place there too
+        fresh = restarted(server, service.api, per_hour=5)
+        fresh.defrag.movers.remember(pods[0]["metadata"]["uid"], pods[0]["metadata"]["uid"],
+                                     f"ns/{pods[0]['metadata']['name']}", "StatefulSet/ns/db", time.time() - 60)
+        assert again["metadata"]["uid"] not in {m.pod.uid for m in fresh.defrag.movers.candidates(0)}
+        assert fresh.defrag.movers.budget_left() == 4
+        await fresh.informers.stop()
+
+    asyncio.run(with_service(test, per_hour=5))
+
+
+def test_a_pod_held_back_by_the_cooldown_is_tried_again_when_it_ends() -> None:
+    """Every tenant was moved a moment ago: the blocked pod waits, and is tried again when the cooldown
+    ends (before, only a cluster event or the queue's 5-minute flush tried it again: `due` stayed empty)."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        tenants = seed(service, server)
+        service.defrag.movers.carried_out(t["metadata"]["uid"] for t in tenants)
+        big = add(service, server, pod_obj("big", units=35))
+        await run_queue(service, rounds=3)
+        assert evictions(server) == []
+        due = service.defrag.due.get(big["metadata"]["uid"])
+        assert due is not None and due <= service.queue.clock() + 1.5
+        await asyncio.sleep(max(0.0, due - service.queue.clock()) + 0.05)
+        service.defrag.tick()
+        await run_queue(service, rounds=30, until=lambda: bool(evictions(server)))
+        assert len(evictions(server)) == 1
+
+    asyncio.run(with_service(test, cooldown_s=1.5, per_hour=100))
+
+
+def test_a_pod_held_back_by_a_spent_budget_is_tried_again_when_a_move_expires() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        seed(service, server)
+        service.defrag.movers.moves.append(service.queue.clock() - 3600.0 + 1.0)  # a move 59:59 ago
+        big = add(service, server, pod_obj("big", units=35))
+        await run_queue(service, rounds=3)
+        assert evictions(server) == []
+        due = service.defrag.due.get(big["metadata"]["uid"])
+        assert due is not None and due <= service.queue.clock() + 1.0
+        await asyncio.sleep(max(0.0, due - service.queue.clock()) + 0.05)
+        service.defrag.tick()
+        await run_queue(service, rounds=30, until=lambda: bool(evictions(server)))
+        assert len(evictions(server)) == 1
+
+    asyncio.run(with_service(test, per_hour=1))
 
 
 IGNORE_DISRUPTION = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}

@@ -171,6 +171,8 @@ class ApiServer:
         if self.commit:
             bound = copy.deepcopy(pod)
             bound["spec"]["nodeName"] = body["target"]["name"]
+            if body["metadata"].get("annotations"):  # as kube-apiserver does: the Binding's land on the pod
+                bound["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
             self.put(PODS, bound)
             self.bindings.append((key, body["target"]["name"]))
         if self.answer == "lost":

@@ -4,19 +4,26 @@ once it has waited long enough for pods to move for it, reservations that expire
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpupool_sched.cache.reservations import Reservation
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.plugins.movers import DefragConfig, Movers
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
+from gpupool_sched.kube import migration_record
+from gpupool_sched.kube.migration_record import MIGRATION_ANNOTATION, MOVED_ANNOTATION
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.placement.consolidation import Consolidation
 from gpupool_sched.writer.migrator import REASON, Migrator
 from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder
+
+log = logging.getLogger(__name__)
 
 BUDGET_REFRESH_S = 30.0  # the default budget (1 % of running GPU pods) is recounted this often, not every tick
 
@@ -31,6 +38,7 @@ class Defrag:
     due: dict[str, float] = field(default_factory=dict)  # blocked UID -> queue clock when pods may move for it
     started: dict[str, float] = field(default_factory=dict)  # blocked UID -> queue clock of its migration
     refreshed: float = float("-inf")  # queue clock of the default budget's last count of running GPU pods
+    read: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)  # pod UID -> its marks read
 
     @classmethod
     def build(cls, config: DefragConfig, state: ClusterState, budgets: DisruptionBudgets, queue: SchedulingQueue,
@@ -47,6 +55,50 @@ class Defrag:
         move for it at all (a cluster without movable pods retries nothing)."""
         if self.movers.config.enabled and first_seen is not None and self.movers.any_movable(priority):
             self.due.setdefault(uid, first_seen + self.movers.config.after_s)
+
+    def held_back(self, uid: str) -> None:
+        """Nothing moved for `uid` though pods may move for it: when pods left out by their cooldown may
+        move again, or the spent budget allows a move again, it is tried again (not only at the next cluster
+        event or the queue's flush)."""
+        movers = self.movers
+        times = [t for t in (movers.cooling_until, movers.budget_frees_at()) if t is not None]
+        if times:
+            at = min(times)
+            self.due[uid] = min(self.due.get(uid, at), at)
+
+    def observe(self, uid: str, obj: Mapping[str, Any], deleted: bool = False) -> None:
+        """A pod's watch event: the moves it records (a blocked pod's `gpupool.io/migration`, a replacement's
+        `gpupool.io/moved`) count on the budget and the cooldown here too, whoever made them (the budgets
+        survive a restart and a failover). Each annotation is read once per value."""
+        if deleted:
+            self.read.pop(uid, None)
+            return
+        annotations = (obj.get("metadata") or {}).get("annotations")
+        if not annotations:
+            return
+        record, moved = annotations.get(MIGRATION_ANNOTATION), annotations.get(MOVED_ANNOTATION)
+        if record is None and moved is None:
+            return
+        seen = self.read.get(uid)
+        if seen == (record, moved):
+            return
+        self.read[uid] = (record, moved)
+        if isinstance(moved, str) and moved and (seen is None or seen[1] != moved):
+            try:
+                mark = migration_record.decode_moved(moved)
+            except ValueError as exc:
+                log.warning("pod %s: %s", uid, exc)
+            else:
+                self.state.replaced.setdefault(uid, mark.lineage)
+                self.movers.remember(mark.mover, mark.lineage, mark.pod, mark.owner, mark.at)
+        if isinstance(record, str) and record and (seen is None or seen[0] != record):
+            try:
+                found = migration_record.decode(record)
+            except ValueError:
+                return  # said where the holds are read (the service's _follow_migration)
+            for move in found.moves:
+                self.movers.remember(move.mover, self.state.replaced.get(move.mover, move.mover), move.mover_key,
+                                     move.owner, found.at)
 
     def planned(self, plan: PodPlan, migration: Consolidation) -> None:
         self.migrator.carry_out(plan, migration)

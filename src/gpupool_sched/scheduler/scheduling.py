@@ -182,6 +182,8 @@ class Scheduling:
                 message += f"; no pod moves for it: {not_moved}"
             if self.defrag is not None and not job.gang and movable is None and not_moved is None:
                 self.defrag.wait(job.plans[0].uid, job.items[0].first_seen, job.priority)
+            elif self.defrag is not None and not job.gang and result.preemption is None:
+                self.defrag.held_back(job.plans[0].uid)  # a cooldown or the budget kept movers in place
             self._unschedulable(job, message)
             return
         by_uid = dict(zip((p.uid for p in job.plans), job.items, strict=True))
@@ -212,6 +214,7 @@ class Scheduling:
         waited = self.queue.clock() - item.first_seen if item.first_seen is not None else 0.0
         if waited < movers.config.after_s:
             return None, None, None
+        movers.cooling_until = None  # what `candidates` leaves out for this pod, if it is asked
         why = movers.may_move_for(waited)
         if why is not None:
             return None, None, why

@@ -265,6 +265,7 @@ class SchedulerService:
         uid = info.uid
         update = self.state.apply_pod(info, deleted=kind == "DELETED")
         self.gang_upkeep.track(uid, obj, kind == "DELETED")
+        self.defrag.observe(uid, obj, kind == "DELETED")
         if update.gone:
             self._pending.pop(uid, None)
             self.queue.delete(uid)
