@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import itertools
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +28,7 @@ from gpupool_sched.framework.plugins.movers import JOBS, DefragConfig
 from gpupool_sched.kube import migration_record
 from gpupool_sched.kube.kubeapi import DELETION_COST
 from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
-from gpupool_sched.writer.surge import LOWEST_COST, MIGRATE, REVISION
+from gpupool_sched.writer.surge import LOWEST_COST, MIGRATE, REVISION, SURGE_RECORD, SURGING, SurgeRecord
 from tests.support.apiserver import NODES, PODS, ApiServer, serving
 from tests.support.objects import node_obj, pod_obj
 
@@ -609,10 +610,10 @@ def surge_writes(server: ApiServer) -> list[tuple[str, Any]]:
     return out
 
 
-def ready(service: SchedulerService, server: ApiServer, name: str) -> None:
+def ready(service: SchedulerService, server: ApiServer, name: str, started: str = "2026-11-30T11:00:00Z") -> None:
     """The kubelet reports the pod Running and Ready."""
     obj = copy.deepcopy(server.objects[PODS][f"ns/{name}"])
-    obj["status"] = {"phase": "Running", "startTime": "2026-11-30T11:00:00Z",
+    obj["status"] = {"phase": "Running", "startTime": started,
                      "conditions": [{"type": "Ready", "status": "True"}]}
     service.on_pod("MODIFIED", server.put(PODS, obj))
 
@@ -641,7 +642,9 @@ async def surge_started(service: SchedulerService, server: ApiServer) -> tuple[d
     consolidating = events(server, "Consolidating")
     assert len(consolidating) == 1 and f"{mover['metadata']['name']} (to {destination.node}, by surge)" in \
         consolidating[0]["message"]
-    new = add(service, server, owned(pod_obj("tenants-new", units=10)))
+    new = owned(pod_obj("tenants-new", units=10))
+    new["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # since the surge
+    new = add(service, server, new)
     await pump(service, lambda: "ns/tenants-new" in dict(server.bindings))
     placed = service.state.pods[new["metadata"]["uid"]].placement
     assert (placed.node, placed.gpu_indices) == (destination.node, destination.gpu_indices)
@@ -809,3 +812,108 @@ def test_a_surge_extends_the_recorded_holds_and_a_standby_keeps_them_that_long()
             await service.defrag.migrator.drain()
 
     asyncio.run(with_service(test, surge_timeout_s=600.0))
+
+
+
+# ---- a surge left unfinished by a leader that died (gpupool.io/surge on the Deployment) -------------------
+def now() -> str:
+    """A startTime of now (the kubelet's), in the API's format."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 1))
+
+
+async def leader_dies_mid_surge(service: SchedulerService, server: ApiServer) -> tuple[
+        dict[str, Any], dict[str, Any], SchedulerService]:
+    """The seed case with a surge Deployment up to the new replica placed; then the leader dies (its tasks
+    end without a word) and a new one starts from the API's objects. Returns (the mover, the new replica,
+    the new leader). The Deployment is at 9 and says why."""
+    mover, new = await surge_started(service, server)
+    deployment = server.objects[DEPLOYMENTS]["ns/tenants"]
+    record = SurgeRecord.decode(deployment["metadata"]["annotations"][SURGE_RECORD])
+    assert (record.replicas, record.mover, record.blocked) == (8, mover["metadata"]["uid"],
+                                                               server.objects[PODS]["ns/big"]["metadata"]["uid"])
+    assert deployment["metadata"]["labels"][SURGING] == "true" and deployment["spec"]["replicas"] == 9
+    for task in list(service.defrag.migrator._tasks):
+        task.cancel()
+    await asyncio.gather(*service.defrag.migrator._tasks, return_exceptions=True)
+    leader = restarted(server, service.api)
+    leader.recorder.start()
+    big = server.objects[PODS]["ns/big"]
+    leader.on_pod("MODIFIED", recorded(server, big, mover["spec"]["nodeName"]))
+    return mover, new, leader
+
+
+def test_a_new_leader_finishes_a_surge_whose_new_replica_is_ready() -> None:
+    """The new replica became Ready while no leader ran: the new leader gives the mover the lowest deletion
+    cost and scales back to 8, then removes the record. (Before, nothing recorded the surge: the Deployment
+    stayed at 9 for ever; the first assertion of `leader_dies_mid_surge` failed.)"""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        mover, _, leader = await leader_dies_mid_surge(service, server)
+        try:
+            ready(leader, server, "tenants-new", now())
+            leader.defrag.lead(True)
+            await leader.defrag.migrator.drain()
+            assert surge_writes(server) == [("scale", 9), ("cost", mover["metadata"]["name"]), ("scale", 8)]
+            deployment = server.objects[DEPLOYMENTS]["ns/tenants"]
+            assert deployment["spec"]["replicas"] == 8
+            assert SURGE_RECORD not in deployment["metadata"]["annotations"]
+            assert SURGING not in deployment["metadata"]["labels"]
+            value = leader.metrics.registry.get_sample_value
+            assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "surged"}) == 1
+            # the ReplicaSet removes the mover: the big pod takes its room on the new leader
+            gone(leader, server, mover)
+            await pump(leader, lambda: "ns/big" in dict(server.bindings))
+            assert dict(server.bindings)["ns/big"] == mover["spec"]["nodeName"]
+        finally:
+            await leader.recorder.stop()
+            await leader.informers.stop()
+
+    asyncio.run(with_service(test, surge_timeout_s=30.0))
+
+
+def test_a_new_leader_waits_then_rolls_back_a_surge_whose_new_replica_is_not_ready() -> None:
+    """Before the recorded deadline the new leader waits (nothing written); past it, it rolls back: the new
+    replica's deletion cost, the count back to 8, the record gone, the Deployment not surged again within
+    the cooldown."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        _, _, leader = await leader_dies_mid_surge(service, server)
+        try:
+            leader.defrag.lead(True)
+            await leader.defrag.migrator.drain()
+            assert surge_writes(server) == [("scale", 9)]
+            assert leader.defrag.surges_at is not None and leader.defrag.surges_at <= leader.queue.clock() + 2.5
+            deployment = copy.deepcopy(server.objects[DEPLOYMENTS]["ns/tenants"])
+            record = SurgeRecord.decode(deployment["metadata"]["annotations"][SURGE_RECORD])
+            deployment["metadata"]["annotations"][SURGE_RECORD] = dataclasses.replace(
+                record, until=time.time() - 1).encode()  # its deadline passed
+            server.put(DEPLOYMENTS, deployment)
+            leader.defrag.surges_at = None
+            leader.defrag.lead(True)
+            await leader.defrag.migrator.drain()
+            assert surge_writes(server) == [("scale", 9), ("cost", "tenants-new"), ("scale", 8)]
+            assert SURGE_RECORD not in server.objects[DEPLOYMENTS]["ns/tenants"]["metadata"]["annotations"]
+            assert set(leader.defrag.movers.refused) == {"ReplicaSet/ns/tenants"}
+        finally:
+            await leader.recorder.stop()
+            await leader.informers.stop()
+
+    asyncio.run(with_service(test, surge_timeout_s=30.0))
+
+
+def test_a_new_leader_leaves_a_count_someone_else_changed_mid_surge() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        _, _, leader = await leader_dies_mid_surge(service, server)
+        try:
+            theirs = copy.deepcopy(server.objects[DEPLOYMENTS]["ns/tenants"])
+            theirs["spec"]["replicas"] = 12
+            server.put(DEPLOYMENTS, theirs)
+            ready(leader, server, "tenants-new", now())
+            leader.defrag.lead(True)
+            await leader.defrag.migrator.drain()
+            assert surge_writes(server) == [("scale", 9)]
+            deployment = server.objects[DEPLOYMENTS]["ns/tenants"]
+            assert deployment["spec"]["replicas"] == 12 and SURGE_RECORD not in deployment["metadata"]["annotations"]
+        finally:
+            await leader.recorder.stop()
+            await leader.informers.stop()
+
+    asyncio.run(with_service(test, surge_timeout_s=30.0))

@@ -267,6 +267,12 @@ class KubeApi:
                          {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": replicas}},
                          MERGE_PATCH)
 
+    async def mark_deployment(self, namespace: str, name: str, annotations: Mapping[str, str | None],
+                              labels: Mapping[str, str | None]) -> None:
+        """Merge-patch a Deployment's annotations and labels (None removes one), e.g. a surge's record."""
+        await self.write("PATCH", deployment_path(namespace, name),
+                         {"metadata": {"annotations": dict(annotations), "labels": dict(labels)}}, MERGE_PATCH)
+
     async def set_deletion_cost(self, namespace: str, name: str, uid: str, cost: int) -> None:
         """The pod's `controller.kubernetes.io/pod-deletion-cost` annotation: its ReplicaSet removes pods
         of lower cost first when it scales down (among pods equally placed, running and ready). The UID

@@ -15,6 +15,7 @@ from gpupool_sched.framework.plugins.movers import DefragConfig, Movers
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
 from gpupool_sched.kube import migration_record
+from gpupool_sched.kube.kubeapi import ApiError
 from gpupool_sched.kube.migration_record import MIGRATION_ANNOTATION, MOVED_ANNOTATION
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.metrics import SchedulerMetrics
@@ -25,6 +26,8 @@ from gpupool_sched.writer.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
 
+SURGES_LOOK_S = 30.0  # a leader looks for surges left unfinished this often (and on taking over)
+SURGES_WAIT_S = 2.0  # ... and this often while one waits for its new replica to become Ready
 BUDGET_REFRESH_S = 30.0  # the default budget (1 % of running GPU pods) is recounted this often, not every tick
 
 
@@ -39,6 +42,8 @@ class Defrag:
     started: dict[str, float] = field(default_factory=dict)  # blocked UID -> queue clock of its migration
     refreshed: float = float("-inf")  # queue clock of the default budget's last count of running GPU pods
     read: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)  # pod UID -> its marks read
+    surges_at: float | None = None  # queue clock of the next look for unfinished surges (None: on leading)
+    looking: bool = False  # a look for unfinished surges is under way
 
     @classmethod
     def build(cls, config: DefragConfig, state: ClusterState, budgets: DisruptionBudgets, queue: SchedulingQueue,
@@ -129,5 +134,41 @@ class Defrag:
             self.queue.on_event(ClusterEvent.GPU_FREED)
         self.metrics.defrag_budget_remaining.set(self.movers.budget_left())
 
+    def lead(self, leading: bool) -> None:
+        """Housekeeping: a leader looks for surges left unfinished (a failover, a restart) when it takes
+        over, and then now and then (a scale-down of its own that failed is tried again so)."""
+        if not leading or not self.movers.config.enabled:
+            self.surges_at = None  # the next time it leads, it looks at once
+            return
+        now = self.queue.clock()
+        if self.looking or (self.surges_at is not None and now < self.surges_at):
+            return
+        self.looking = True
+        self.surges_at = now + SURGES_LOOK_S
+        self.migrator._spawn(self._look())
+
+    async def _look(self) -> None:
+        try:
+            found = await self.migrator.surger.recover_all()
+        except ApiError as exc:
+            log.warning("looking for unfinished surges failed (%s); trying again later", exc)
+            return
+        finally:
+            self.looking = False
+        for record, outcome in found:
+            if outcome.result == "waiting":
+                soon = self.queue.clock() + SURGES_WAIT_S
+                self.surges_at = soon if self.surges_at is None else min(self.surges_at, soon)
+                continue
+            if outcome.result != "left":
+                self.metrics.migrations.labels(reason=REASON, result=_RESULTS.get(outcome.result,
+                                                                                  outcome.result)).inc()
+            if outcome.result == "rolled_back":
+                self.movers.refuse(record.owner, refund=False)
+            self.queue.on_event(ClusterEvent.GPU_FREED)
+
     def _replaced(self, _: Reservation) -> None:
         self.metrics.migrations.labels(reason=REASON, result="replaced").inc()
+
+
+_RESULTS = {"gone": "abandoned"}  # a recovered surge's outcome -> the migrations metric's result

@@ -385,6 +385,7 @@ class SchedulerService:
                 self._verify_unconfirmed()
                 self._expire_nominations()
                 self.defrag.tick()
+                self.defrag.lead(self.leader.is_leader)  # surges a failover or a restart left unfinished
                 if self.leader.is_leader and self.state.abandon_unstarted():
                     self.queue.on_event(ClusterEvent.GPU_FREED)  # a failed-over plan's unevicted movers stay
                 self.gang_upkeep.write_status()
