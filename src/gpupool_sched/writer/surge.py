@@ -238,21 +238,22 @@ class Surger:
         before = {uid for uid, e in self.state.pods.items() if e.owner == who.owner}
         now = time.time()
         record = SurgeRecord(replicas, who.uid, who.key, who.owner, blocked, now, now + self.timeout_s)
-        try:  # first the record, where the next leader finds it: a surge never outlives its undo
-            await self.api.mark_deployment(target.namespace, target.name, {SURGE_RECORD: record.encode()},
-                                           {SURGING: "true"})
-        except ApiError as exc:
-            if exc.status == 404:
-                return Outcome("refused", f"Deployment {target.key} is gone")
-            return Outcome("failed", f"recording the surge on Deployment {target.key} failed: {exc}",
-                           replicas=replicas)
+        # under way here before the record exists: this process's own look for unfinished surges skips it
         self.state.surging[who.uid] = (mover.node, destination)
         try:
+            try:  # first the record, where the next leader finds it: a surge never outlives its undo
+                await self.api.mark_deployment(target.namespace, target.name, {SURGE_RECORD: record.encode()},
+                                               {SURGING: "true"})
+            except ApiError as exc:
+                if exc.status == 404:
+                    return Outcome("refused", f"Deployment {target.key} is gone")
+                return Outcome("failed", f"recording the surge on Deployment {target.key} failed: {exc}",
+                               replicas=replicas)
             outcome = await self._surge(blocked, who, target, replicas, before)
+            await self._settle(target, record)  # not when cancelled: as for a leader that died, the next settles
+            return outcome
         finally:
             self.state.surging.pop(who.uid, None)
-        await self._settle(target, record)  # not when cancelled: as a leader that died, the next one settles
-        return outcome
 
     async def _settle(self, target: Deployment, record: SurgeRecord) -> bool:
         """The surge is over: its record goes, unless the count is still the surge's (a scale-down that
