@@ -666,6 +666,10 @@ def test_a_surge_deployment_moves_make_before_break() -> None:
         await pump(service, lambda: len(surge_writes(server)) == 3)
         assert surge_writes(server) == [("scale", 9), ("cost", mover["metadata"]["name"]), ("scale", 8)]
         assert server.objects[DEPLOYMENTS]["ns/tenants"]["spec"]["replicas"] == 8
+        await service.defrag.migrator.drain()  # the surge's record goes once the count is back
+        rs = server.objects[REPLICA_SETS]["ns/tenants"]
+        assert SURGE_RECORD not in rs["metadata"]["annotations"] and SURGING not in rs["metadata"]["labels"]
+        assert server.objects[DEPLOYMENTS]["ns/tenants"]["metadata"]["generation"] == 3  # two scales, no more
         assert evictions(server) == []
         # the ReplicaSet removes the pod of lowest cost: the mover; the big pod takes its GPU
         mover_gpus = service.state.pods[mover["metadata"]["uid"]].placement.gpu_indices
@@ -825,13 +829,14 @@ async def leader_dies_mid_surge(service: SchedulerService, server: ApiServer) ->
         dict[str, Any], dict[str, Any], SchedulerService]:
     """The seed case with a surge Deployment up to the new replica placed; then the leader dies (its tasks
     end without a word) and a new one starts from the API's objects. Returns (the mover, the new replica,
-    the new leader). The Deployment is at 9 and says why."""
+    the new leader). The Deployment is at 9 and its ReplicaSet says why."""
     mover, new = await surge_started(service, server)
-    deployment = server.objects[DEPLOYMENTS]["ns/tenants"]
-    record = SurgeRecord.decode(deployment["metadata"]["annotations"][SURGE_RECORD])
+    rs = server.objects[REPLICA_SETS]["ns/tenants"]
+    record = SurgeRecord.decode(rs["metadata"]["annotations"][SURGE_RECORD])
     assert (record.replicas, record.mover, record.blocked) == (8, mover["metadata"]["uid"],
                                                                server.objects[PODS]["ns/big"]["metadata"]["uid"])
-    assert deployment["metadata"]["labels"][SURGING] == "true" and deployment["spec"]["replicas"] == 9
+    assert rs["metadata"]["labels"][SURGING] == "true"
+    assert server.objects[DEPLOYMENTS]["ns/tenants"]["spec"]["replicas"] == 9
     for task in list(service.defrag.migrator._tasks):
         task.cancel()
     await asyncio.gather(*service.defrag.migrator._tasks, return_exceptions=True)
@@ -853,10 +858,9 @@ def test_a_new_leader_finishes_a_surge_whose_new_replica_is_ready() -> None:
             leader.defrag.lead(True)
             await leader.defrag.migrator.drain()
             assert surge_writes(server) == [("scale", 9), ("cost", mover["metadata"]["name"]), ("scale", 8)]
-            deployment = server.objects[DEPLOYMENTS]["ns/tenants"]
-            assert deployment["spec"]["replicas"] == 8
-            assert SURGE_RECORD not in deployment["metadata"]["annotations"]
-            assert SURGING not in deployment["metadata"]["labels"]
+            assert server.objects[DEPLOYMENTS]["ns/tenants"]["spec"]["replicas"] == 8
+            rs = server.objects[REPLICA_SETS]["ns/tenants"]
+            assert SURGE_RECORD not in rs["metadata"]["annotations"] and SURGING not in rs["metadata"]["labels"]
             value = leader.metrics.registry.get_sample_value
             assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "surged"}) == 1
             # the ReplicaSet removes the mover: the big pod takes its room on the new leader
@@ -881,16 +885,16 @@ def test_a_new_leader_waits_then_rolls_back_a_surge_whose_new_replica_is_not_rea
             await leader.defrag.migrator.drain()
             assert surge_writes(server) == [("scale", 9)]
             assert leader.defrag.surges_at is not None and leader.defrag.surges_at <= leader.queue.clock() + 2.5
-            deployment = copy.deepcopy(server.objects[DEPLOYMENTS]["ns/tenants"])
-            record = SurgeRecord.decode(deployment["metadata"]["annotations"][SURGE_RECORD])
-            deployment["metadata"]["annotations"][SURGE_RECORD] = dataclasses.replace(
+            rs = copy.deepcopy(server.objects[REPLICA_SETS]["ns/tenants"])
+            record = SurgeRecord.decode(rs["metadata"]["annotations"][SURGE_RECORD])
+            rs["metadata"]["annotations"][SURGE_RECORD] = dataclasses.replace(
                 record, until=time.time() - 1).encode()  # its deadline passed
-            server.put(DEPLOYMENTS, deployment)
+            server.put(REPLICA_SETS, rs)
             leader.defrag.surges_at = None
             leader.defrag.lead(True)
             await leader.defrag.migrator.drain()
             assert surge_writes(server) == [("scale", 9), ("cost", "tenants-new"), ("scale", 8)]
-            assert SURGE_RECORD not in server.objects[DEPLOYMENTS]["ns/tenants"]["metadata"]["annotations"]
+            assert SURGE_RECORD not in server.objects[REPLICA_SETS]["ns/tenants"]["metadata"]["annotations"]
             assert set(leader.defrag.movers.refused) == {"ReplicaSet/ns/tenants"}
         finally:
             await leader.recorder.stop()
@@ -910,8 +914,8 @@ def test_a_new_leader_leaves_a_count_someone_else_changed_mid_surge() -> None:
             leader.defrag.lead(True)
             await leader.defrag.migrator.drain()
             assert surge_writes(server) == [("scale", 9)]
-            deployment = server.objects[DEPLOYMENTS]["ns/tenants"]
-            assert deployment["spec"]["replicas"] == 12 and SURGE_RECORD not in deployment["metadata"]["annotations"]
+            assert server.objects[DEPLOYMENTS]["ns/tenants"]["spec"]["replicas"] == 12
+            assert SURGE_RECORD not in server.objects[REPLICA_SETS]["ns/tenants"]["metadata"]["annotations"]
         finally:
             await leader.recorder.stop()
             await leader.informers.stop()

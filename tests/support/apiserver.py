@@ -80,7 +80,7 @@ class ApiServer:
             self.written.append((request.method, request.path, json.loads(await request.read() or b"{}")))
         if (parts[0] == "apis" and len(parts) >= 6 and parts[3] == "namespaces"
                 and (request.method == "GET" or parts[-1] == "scale"
-                     or (request.method == "PATCH" and len(parts) == 7 and parts[5] == "deployments"))):
+                     or (request.method == "PATCH" and len(parts) == 7))):
             return await self._namespaced(request, parts)
         if request.method == "PATCH" and len(parts) == 6 and parts[4] == "pods":
             return await self._patch_pod(request, parts[3], parts[5])
@@ -119,7 +119,7 @@ class ApiServer:
         if request.method == "GET" and len(parts) == 7:
             self.reads += 1
             return web.json_response(obj)
-        if request.method == "PATCH" and parts[5] == "deployments" and len(parts) == 7:  # a merge patch of metadata
+        if request.method == "PATCH" and len(parts) == 7:  # a merge patch of an object's labels and annotations
             meta = (self.written[-1][2].get("metadata") or {})
             patched = copy.deepcopy(obj)
             for field in ("annotations", "labels"):

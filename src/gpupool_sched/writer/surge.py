@@ -18,10 +18,12 @@ What may go wrong, and what is left behind (never an extra replica, never a coun
     annotation promises no capacity dip). The HPA owns spec.replicas: a surge at its maxReplicas is undone
     by it at once, and its scale-down stabilisation window remembers the surged count.
 
-A surge outlives its leader: before the scale-up the Deployment gets the `gpupool.io/surge` annotation
-(the count before, the mover, the pod it makes room for, the deadline for Ready; `SurgeRecord`) and the
-label `gpupool.io/surging`, removed once the count is back (or is someone else's). A leader (a new one
-after a failover, or this one after a restart) finds the Deployments so labelled with one LIST
+A surge outlives its leader: before the scale-up the mover's ReplicaSet gets the `gpupool.io/surge`
+annotation (the count before, the mover, the pod it makes room for, the deadline for Ready; `SurgeRecord`)
+and the label `gpupool.io/surging`, removed once the count is back (or is someone else's). (Not on the
+Deployment: any change of a Deployment's annotations bumps its generation, which reads as a rollout.) A
+leader (a new one after a failover, or this one after a restart) finds the ReplicaSets so labelled with one
+LIST
 (`recover_all`, when it starts leading and then now and then) and finishes each surge (the new replica
 Ready, the pod it makes room for still nominated: the mover's deletion cost, the count back) or rolls it
 back (the deadline passed, the mover or the pod it made room for gone), never writing a count that is not
@@ -61,9 +63,9 @@ LOWEST_COST = -2147483648  # int32's least: removed first among pods equally pla
 DEFAULT_SURGE_TIMEOUT_S = 300.0
 CONFLICT_RETRIES = 5  # reads and writes of the count when others write the Deployment too
 SCALE_DOWN_WINDOW_S = 120.0  # after Ready: the scale-down and the ReplicaSet's deletion of the mover
-SURGE_RECORD = "gpupool.io/surge"  # on a Deployment mid-surge: what the next leader finishes or undoes
+SURGE_RECORD = "gpupool.io/surge"  # on the mover's ReplicaSet mid-surge: what the next leader finishes or undoes
 SURGING = "gpupool.io/surging"  # its label, so that a new leader finds them with one LIST
-DEPLOYMENTS = "/apis/apps/v1/deployments"
+REPLICA_SETS = "/apis/apps/v1/replicasets"
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,12 +244,13 @@ class Surger:
         self.state.surging[who.uid] = (mover.node, destination)
         try:
             try:  # first the record, where the next leader finds it: a surge never outlives its undo
-                await self.api.mark_deployment(target.namespace, target.name, {SURGE_RECORD: record.encode()},
-                                               {SURGING: "true"})
+                await self.api.mark_replica_set(target.namespace, target.replica_set,
+                                                {SURGE_RECORD: record.encode()}, {SURGING: "true"})
             except ApiError as exc:
                 if exc.status == 404:
                     return Outcome("refused", f"Deployment {target.key} is gone")
-                return Outcome("failed", f"recording the surge on Deployment {target.key} failed: {exc}",
+                return Outcome("failed", f"recording the surge on ReplicaSet {target.namespace}/"
+                               f"{target.replica_set} failed: {exc}",
                                replicas=replicas)
             outcome = await self._surge(blocked, who, target, replicas, before)
             await self._settle(target, record)  # not when cancelled: as for a leader that died, the next settles
@@ -264,7 +267,8 @@ class Surger:
                 log.warning("surge of Deployment %s: still at %d; left for the next look", target.key,
                             record.replicas + 1)
                 return False
-            await self.api.mark_deployment(target.namespace, target.name, {SURGE_RECORD: None}, {SURGING: None})
+            await self.api.mark_replica_set(target.namespace, target.replica_set, {SURGE_RECORD: None},
+                                            {SURGING: None})
         except ApiError as exc:
             if exc.status == 404:
                 return True
@@ -274,28 +278,36 @@ class Surger:
 
     # ---- a surge another leader (or this process before a restart) left unfinished --------------------
     async def recover_all(self) -> list[tuple[SurgeRecord, Outcome]]:
-        """Find the Deployments marked mid-surge (one LIST by label) and finish or undo each surge not under
+        """Find the ReplicaSets marked mid-surge (one LIST by label) and finish or undo each surge not under
         way here. Returns how each ended ("waiting": its new replica may still become Ready)."""
-        items, _ = await self.api.call(self.api.list_raw_sync, DEPLOYMENTS, params=(("labelSelector", SURGING),))
+        items, _ = await self.api.call(self.api.list_raw_sync, REPLICA_SETS, params=(("labelSelector", SURGING),))
         out = []
-        for obj in items:
-            meta = obj.get("metadata") or {}
+        for rs in items:
+            meta = rs.get("metadata") or {}
+            namespace, rs_name = str(meta.get("namespace", "")), str(meta.get("name", ""))
             raw = (meta.get("annotations") or {}).get(SURGE_RECORD)
             if not isinstance(raw, str) or not raw:
                 continue
             try:
                 record = SurgeRecord.decode(raw)
             except ValueError as exc:
-                log.warning("Deployment %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+                log.warning("ReplicaSet %s/%s: %s", namespace, rs_name, exc)
                 continue
             if record.mover in self.state.surging:
                 continue  # this process's own surge, under way
-            rs_name = record.owner.partition("/")[2].partition("/")[2]
-            namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-            target = Deployment(namespace, name, str(meta.get("uid", "")), rs_name, f"{namespace}/{name}")
+            ref = next((r for r in meta.get("ownerReferences") or ()
+                        if isinstance(r, Mapping) and r.get("controller") is True and r.get("kind") == "Deployment"),
+                       None)
+            name = str(ref.get("name", "")) if ref is not None else ""
+            target = Deployment(namespace, name, str(ref.get("uid", "")) if ref else "", rs_name, f"{namespace}/{name}")
             try:
-                out.append((record, await self.recover(target, obj, record)))
+                deployment = (await self.api.read_object(deployment_path(namespace, name)) if name
+                              else {"spec": {"replicas": -1}})  # no Deployment: nothing to scale back
+                out.append((record, await self.recover(target, deployment, record)))
             except ApiError as exc:
+                if exc.status == 404:  # the Deployment is gone: nothing to scale back
+                    out.append((record, await self.recover(target, {"spec": {"replicas": -1}}, record)))
+                    continue
                 log.warning("surge of Deployment %s: recovering it failed (%s); trying again later", target.key, exc)
         return out
 
