@@ -69,6 +69,9 @@ NOT_EXERCISED: dict[str, dict[tuple[str, str, str], str]] = {
         ("apps", "replicasets", "get"): "surge: the ReplicaSet's Deployment",
         ("apps", "deployments", "get"): "surge: the Deployment's annotation and rollout",
         ("apps", "deployments/scale", "patch"): "surge: one replica more, and back",
+        ("apps", "replicasets", "patch"): "surge: its record on the mover's ReplicaSet (gpupool.io/surge)",
+        # a leader's look for surges left unfinished (only with --defrag on, and it may not have come yet)
+        ("apps", "replicasets", "list"): "surge: the ReplicaSets labelled gpupool.io/surging",
         ("autoscaling", "horizontalpodautoscalers", "list"): "surge: an HPA owns the count",
         ("", "pods", "patch"): "surge's pod-deletion-cost; a migration's record of its holds on the blocked pod",
     },

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,7 @@ from gpupool_sched.framework.plugins.movers import JOBS, DefragConfig
 from gpupool_sched.kube import migration_record
 from gpupool_sched.kube.kubeapi import DELETION_COST
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
-from gpupool_sched.writer.surge import LOWEST_COST, MIGRATE, REVISION
+from gpupool_sched.writer.surge import LOWEST_COST, MIGRATE, REVISION, SURGE_RECORD, SURGING, SurgeRecord
 from tests.support.apiserver import NODES, PODS, ApiServer
 from tests.support.defrag_service import (
     MEM,
@@ -310,6 +311,12 @@ def test_a_new_leader_holds_what_the_old_one_held_and_the_replacement_lands_ther
             snap = new.state.snapshot
             assert (snap.gpu_mem_free[snap.gpu_usable] >= 0).all()
             assert len(evictions(server)) == 1  # the new leader evicted nobody
+            # the old leader's move counts here too: on the budget (1 move per hour by default here), and
+            # the replacement stays in place for the cooldown (before, both lived in the old leader only)
+            assert new.defrag.movers.budget_left() == 0
+            assert replacement["metadata"]["uid"] not in {m.pod.uid for m in new.defrag.movers.candidates(0)}
+            mark = server.objects[PODS]["ns/tenants-new"]["metadata"]["annotations"][migration_record.MOVED_ANNOTATION]
+            assert migration_record.decode_moved(mark).mover == mover["metadata"]["uid"]
         finally:
             await new.recorder.stop()
             await new.informers.stop()
@@ -374,6 +381,110 @@ def test_a_standby_mirrors_the_holds_and_lets_go_when_the_replacement_is_bound()
         await standby.informers.stop()
 
     asyncio.run(with_service(test))
+
+
+def restarted(server: ApiServer, api: Any, **defrag: Any) -> SchedulerService:
+    """A scheduler started afresh (a restart, or a new leader) from what the API server holds."""
+    new = SchedulerService(SchedulerConfig(defrag=DefragConfig(**{"after_s": 0.0, "min_runtime_s": 0.0, **defrag})),
+                           api)
+    for obj in server.objects[NODES].values():
+        new.on_node("ADDED", obj)
+    for obj in list(server.objects[PODS].values()):
+        new.on_pod("ADDED", obj)
+    return new
+
+
+def test_a_restarted_scheduler_keeps_the_cooldown_and_counts_the_moves_of_the_hour() -> None:
+    """The move is on the pods: the blocked pod's record lists the mover, the replacement's Binding marks it
+    (gpupool.io/moved). A scheduler started afresh from the API's objects counts that move on its hourly
+    budget and does not move the replacement within the cooldown. (Before, a restart forgot both: the
+    replacement was a candidate again and the budget was whole.)"""
+    async def test(old: SchedulerService, server: ApiServer) -> None:
+        _, _, mover = await leader_moves_one(old, server)
+        gone(old, server, mover)
+        replacement = add(old, server, owned(pod_obj("tenants-new", units=10)))
+        await run_queue(old, rounds=60, until=lambda: len(server.bindings) == 2)
+        assert len(server.bindings) == 2
+        new = restarted(server, old.api, per_hour=5)
+        try:
+            candidates = {m.pod.uid for m in new.defrag.movers.candidates(0)}
+            assert replacement["metadata"]["uid"] not in candidates and len(candidates) == 7
+            assert new.defrag.movers.budget_left() == 4
+            # once the cooldown is over it may move again (the mark does not pin it for ever)
+            later = restarted(server, old.api, per_hour=5, cooldown_s=0.0)
+            assert replacement["metadata"]["uid"] in {m.pod.uid for m in later.defrag.movers.candidates(0)}
+            await later.informers.stop()
+        finally:
+            await new.informers.stop()
+
+    asyncio.run(with_service(test))
+
+
+def test_a_statefulsets_pod_keeps_its_cooldown_by_name() -> None:
+    """A StatefulSet's pod comes back with the same name (its ordinal): its cooldown follows the name, even
+    when its new pod was not placed on the held room (nothing links the two UIDs then)."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        for name in ("n1", "n2"):
+            service.on_node("ADDED", server.put(NODES, node_obj(name)))
+        pods = []
+        for gpu in range(4):
+            obj = tenant(service, "n1", gpu)
+            obj["metadata"]["ownerReferences"][0].update(kind="StatefulSet", name="db", uid="sts-db")
+            pods.append(add(service, server, obj))
+        movers = service.defrag.movers
+        movers.carried_out([pods[0]["metadata"]["uid"]])
+        gone(service, server, pods[0])  # evicted; the StatefulSet makes db-0 again (a new UID), placed anywhere
+        again = tenant(service, "n1", 0)
+        again["metadata"]["ownerReferences"][0].update(kind="StatefulSet", name="db", uid="sts-db")
+        again["metadata"]["name"] = pods[0]["metadata"]["name"]
+        again = add(service, server, again)
+        candidates = {m.pod.uid for m in movers.candidates(0)}
+        assert again["metadata"]["uid"] not in candidates and len(candidates) == 3
+        # a restart reads the move back from the blocked pod's record: the name stays in place there too
+        fresh = restarted(server, service.api, per_hour=5)
+        fresh.defrag.movers.remember(pods[0]["metadata"]["uid"], pods[0]["metadata"]["uid"],
+                                     f"ns/{pods[0]['metadata']['name']}", "StatefulSet/ns/db", time.time() - 60)
+        assert again["metadata"]["uid"] not in {m.pod.uid for m in fresh.defrag.movers.candidates(0)}
+        assert fresh.defrag.movers.budget_left() == 4
+        await fresh.informers.stop()
+
+    asyncio.run(with_service(test, per_hour=5))
+
+
+def test_a_pod_held_back_by_the_cooldown_is_tried_again_when_it_ends() -> None:
+    """Every tenant was moved a moment ago: the blocked pod waits, and is tried again when the cooldown
+    ends (before, only a cluster event or the queue's 5-minute flush tried it again: `due` stayed empty)."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        tenants = seed(service, server)
+        service.defrag.movers.carried_out(t["metadata"]["uid"] for t in tenants)
+        big = add(service, server, pod_obj("big", units=35))
+        await run_queue(service, rounds=3)
+        assert evictions(server) == []
+        due = service.defrag.due.get(big["metadata"]["uid"])
+        assert due is not None and due <= service.queue.clock() + 1.5
+        await asyncio.sleep(max(0.0, due - service.queue.clock()) + 0.05)
+        service.defrag.tick()
+        await run_queue(service, rounds=30, until=lambda: bool(evictions(server)))
+        assert len(evictions(server)) == 1
+
+    asyncio.run(with_service(test, cooldown_s=1.5, per_hour=100))
+
+
+def test_a_pod_held_back_by_a_spent_budget_is_tried_again_when_a_move_expires() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        seed(service, server)
+        service.defrag.movers.moves.append(service.queue.clock() - 3600.0 + 1.0)  # a move 59:59 ago
+        big = add(service, server, pod_obj("big", units=35))
+        await run_queue(service, rounds=3)
+        assert evictions(server) == []
+        due = service.defrag.due.get(big["metadata"]["uid"])
+        assert due is not None and due <= service.queue.clock() + 1.0
+        await asyncio.sleep(max(0.0, due - service.queue.clock()) + 0.05)
+        service.defrag.tick()
+        await run_queue(service, rounds=30, until=lambda: bool(evictions(server)))
+        assert len(evictions(server)) == 1
+
+    asyncio.run(with_service(test, per_hour=1))
 
 
 IGNORE_DISRUPTION = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
@@ -498,10 +609,10 @@ def surge_writes(server: ApiServer) -> list[tuple[str, Any]]:
     return out
 
 
-def ready(service: SchedulerService, server: ApiServer, name: str) -> None:
+def ready(service: SchedulerService, server: ApiServer, name: str, started: str = "2026-11-30T11:00:00Z") -> None:
     """The kubelet reports the pod Running and Ready."""
     obj = copy.deepcopy(server.objects[PODS][f"ns/{name}"])
-    obj["status"] = {"phase": "Running", "startTime": "2026-11-30T11:00:00Z",
+    obj["status"] = {"phase": "Running", "startTime": started,
                      "conditions": [{"type": "Ready", "status": "True"}]}
     service.on_pod("MODIFIED", server.put(PODS, obj))
 
@@ -530,7 +641,9 @@ async def surge_started(service: SchedulerService, server: ApiServer) -> tuple[d
     consolidating = events(server, "Consolidating")
     assert len(consolidating) == 1 and f"{mover['metadata']['name']} (to {destination.node}, by surge)" in \
         consolidating[0]["message"]
-    new = add(service, server, owned(pod_obj("tenants-new", units=10)))
+    new = owned(pod_obj("tenants-new", units=10))
+    new["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # since the surge
+    new = add(service, server, new)
     await pump(service, lambda: "ns/tenants-new" in dict(server.bindings))
     placed = service.state.pods[new["metadata"]["uid"]].placement
     assert (placed.node, placed.gpu_indices) == (destination.node, destination.gpu_indices)
@@ -552,6 +665,10 @@ def test_a_surge_deployment_moves_make_before_break() -> None:
         await pump(service, lambda: len(surge_writes(server)) == 3)
         assert surge_writes(server) == [("scale", 9), ("cost", mover["metadata"]["name"]), ("scale", 8)]
         assert server.objects[DEPLOYMENTS]["ns/tenants"]["spec"]["replicas"] == 8
+        await service.defrag.migrator.drain()  # the surge's record goes once the count is back
+        rs = server.objects[REPLICA_SETS]["ns/tenants"]
+        assert SURGE_RECORD not in rs["metadata"]["annotations"] and SURGING not in rs["metadata"]["labels"]
+        assert server.objects[DEPLOYMENTS]["ns/tenants"]["metadata"]["generation"] == 3  # two scales, no more
         assert evictions(server) == []
         # the ReplicaSet removes the pod of lowest cost: the mover; the big pod takes its GPU
         mover_gpus = service.state.pods[mover["metadata"]["uid"]].placement.gpu_indices
@@ -667,5 +784,139 @@ def test_a_count_changed_by_someone_else_mid_surge_is_left_alone() -> None:
         assert "is 12, not 9: changed by someone else" in events(server, "ConsolidationFailed")[0]["message"]
         value = service.metrics.registry.get_sample_value
         assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "failed"}) == 1
+
+    asyncio.run(with_service(test, surge_timeout_s=30.0))
+
+
+def test_a_surge_extends_the_recorded_holds_and_a_standby_keeps_them_that_long() -> None:
+    """A surge holds the destination and the nomination for --defrag-surge-timeout more (the new replica
+    must become Ready first): the migration record on the blocked pod says so too, and a standby that reads
+    it holds as long, so that a failover mid-surge does not drop the holds early. (Before, the record kept
+    the eviction's `until`, about 210 s: the first assertion failed.)"""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        mover, _ = await surge_started(service, server)
+        big = server.objects[PODS]["ns/big"]
+        try:
+            record = migration_record.record_of(big)
+            assert record is not None and record.until >= time.time() + 550, record
+            standby = SchedulerService(SchedulerConfig(defrag=DefragConfig(after_s=0.0, min_runtime_s=0.0)),
+                                       service.api)
+            for name in ("n1", "n2"):
+                standby.on_node("ADDED", server.objects[NODES][f"/{name}"])
+            for obj in list(server.objects[PODS].values()):
+                if obj["metadata"]["name"] != "big":
+                    standby.on_pod("ADDED", obj)
+            standby.on_pod("ADDED", recorded(server, big, mover["spec"]["nodeName"]))
+            nomination = standby.state.nominations[big["metadata"]["uid"]]
+            assert nomination.deadline >= standby.state.clock() + 550
+            await standby.informers.stop()
+        finally:
+            gone(service, server, big)  # ends the surge (rolled back): nothing left waiting
+            await service.defrag.migrator.drain()
+
+    asyncio.run(with_service(test, surge_timeout_s=600.0))
+
+
+
+# ---- a surge left unfinished by a leader that died (gpupool.io/surge on the Deployment) -------------------
+def now() -> str:
+    """A startTime of now (the kubelet's), in the API's format."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 1))
+
+
+async def leader_dies_mid_surge(service: SchedulerService, server: ApiServer) -> tuple[
+        dict[str, Any], dict[str, Any], SchedulerService]:
+    """The seed case with a surge Deployment up to the new replica placed; then the leader dies (its tasks
+    end without a word) and a new one starts from the API's objects. Returns (the mover, the new replica,
+    the new leader). The Deployment is at 9 and its ReplicaSet says why."""
+    mover, new = await surge_started(service, server)
+    rs = server.objects[REPLICA_SETS]["ns/tenants"]
+    record = SurgeRecord.decode(rs["metadata"]["annotations"][SURGE_RECORD])
+    assert (record.replicas, record.mover, record.blocked) == (8, mover["metadata"]["uid"],
+                                                               server.objects[PODS]["ns/big"]["metadata"]["uid"])
+    assert rs["metadata"]["labels"][SURGING] == "true"
+    assert server.objects[DEPLOYMENTS]["ns/tenants"]["spec"]["replicas"] == 9
+    for task in list(service.defrag.migrator._tasks):
+        task.cancel()
+    await asyncio.gather(*service.defrag.migrator._tasks, return_exceptions=True)
+    leader = restarted(server, service.api)
+    leader.recorder.start()
+    big = server.objects[PODS]["ns/big"]
+    leader.on_pod("MODIFIED", recorded(server, big, mover["spec"]["nodeName"]))
+    return mover, new, leader
+
+
+def test_a_new_leader_finishes_a_surge_whose_new_replica_is_ready() -> None:
+    """The new replica became Ready while no leader ran: the new leader gives the mover the lowest deletion
+    cost and scales back to 8, then removes the record. (Before, nothing recorded the surge: the Deployment
+    stayed at 9 for ever; the first assertion of `leader_dies_mid_surge` failed.)"""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        mover, _, leader = await leader_dies_mid_surge(service, server)
+        try:
+            ready(leader, server, "tenants-new", now())
+            leader.defrag.lead(True)
+            await leader.defrag.migrator.drain()
+            assert surge_writes(server) == [("scale", 9), ("cost", mover["metadata"]["name"]), ("scale", 8)]
+            assert server.objects[DEPLOYMENTS]["ns/tenants"]["spec"]["replicas"] == 8
+            rs = server.objects[REPLICA_SETS]["ns/tenants"]
+            assert SURGE_RECORD not in rs["metadata"]["annotations"] and SURGING not in rs["metadata"]["labels"]
+            value = leader.metrics.registry.get_sample_value
+            assert value("gpupool_scheduler_migrations_total", {"reason": "blocked", "result": "surged"}) == 1
+            # the ReplicaSet removes the mover: the big pod takes its room on the new leader
+            gone(leader, server, mover)
+            await pump(leader, lambda: "ns/big" in dict(server.bindings))
+            assert dict(server.bindings)["ns/big"] == mover["spec"]["nodeName"]
+        finally:
+            await leader.recorder.stop()
+            await leader.informers.stop()
+
+    asyncio.run(with_service(test, surge_timeout_s=30.0))
+
+
+def test_a_new_leader_waits_then_rolls_back_a_surge_whose_new_replica_is_not_ready() -> None:
+    """Before the recorded deadline the new leader waits (nothing written); past it, it rolls back: the new
+    replica's deletion cost, the count back to 8, the record gone, the Deployment not surged again within
+    the cooldown."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        _, _, leader = await leader_dies_mid_surge(service, server)
+        try:
+            leader.defrag.lead(True)
+            await leader.defrag.migrator.drain()
+            assert surge_writes(server) == [("scale", 9)]
+            assert leader.defrag.surges_at is not None and leader.defrag.surges_at <= leader.queue.clock() + 2.5
+            rs = copy.deepcopy(server.objects[REPLICA_SETS]["ns/tenants"])
+            record = SurgeRecord.decode(rs["metadata"]["annotations"][SURGE_RECORD])
+            rs["metadata"]["annotations"][SURGE_RECORD] = dataclasses.replace(
+                record, until=time.time() - 1).encode()  # its deadline passed
+            server.put(REPLICA_SETS, rs)
+            leader.defrag.surges_at = None
+            leader.defrag.lead(True)
+            await leader.defrag.migrator.drain()
+            assert surge_writes(server) == [("scale", 9), ("cost", "tenants-new"), ("scale", 8)]
+            assert SURGE_RECORD not in server.objects[REPLICA_SETS]["ns/tenants"]["metadata"]["annotations"]
+            assert set(leader.defrag.movers.refused) == {"ReplicaSet/ns/tenants"}
+        finally:
+            await leader.recorder.stop()
+            await leader.informers.stop()
+
+    asyncio.run(with_service(test, surge_timeout_s=30.0))
+
+
+def test_a_new_leader_leaves_a_count_someone_else_changed_mid_surge() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        _, _, leader = await leader_dies_mid_surge(service, server)
+        try:
+            theirs = copy.deepcopy(server.objects[DEPLOYMENTS]["ns/tenants"])
+            theirs["spec"]["replicas"] = 12
+            server.put(DEPLOYMENTS, theirs)
+            ready(leader, server, "tenants-new", now())
+            leader.defrag.lead(True)
+            await leader.defrag.migrator.drain()
+            assert surge_writes(server) == [("scale", 9)]
+            assert server.objects[DEPLOYMENTS]["ns/tenants"]["spec"]["replicas"] == 12
+            assert SURGE_RECORD not in server.objects[REPLICA_SETS]["ns/tenants"]["metadata"]["annotations"]
+        finally:
+            await leader.recorder.stop()
+            await leader.informers.stop()
 
     asyncio.run(with_service(test, surge_timeout_s=30.0))

@@ -99,7 +99,8 @@ class ApiServer:
         if request.method != "GET":
             self.written.append((request.method, request.path, json.loads(await request.read() or b"{}")))
         if (parts[0] == "apis" and len(parts) >= 6 and parts[3] == "namespaces"
-                and (request.method == "GET" or parts[-1] == "scale")):
+                and (request.method == "GET" or parts[-1] == "scale"
+                     or (request.method == "PATCH" and len(parts) == 7))):
             return await self._namespaced(request, parts)
         if request.method == "PATCH" and len(parts) == 6 and parts[4] == "pods":
             return await self._patch_pod(request, parts[3], parts[5])
@@ -136,6 +137,17 @@ class ApiServer:
         if request.method == "GET" and len(parts) == 7:
             self.reads += 1
             return web.json_response(obj)
+        if request.method == "PATCH" and len(parts) == 7:  # a merge patch of an object's labels and annotations
+            meta = (self.written[-1][2].get("metadata") or {})
+            patched = copy.deepcopy(obj)
+            for field in ("annotations", "labels"):
+                values = patched["metadata"].setdefault(field, {})
+                for k, v in (meta.get(field) or {}).items():
+                    if v is None:
+                        values.pop(k, None)
+                    else:
+                        values[k] = v
+            return web.json_response(self.put("/" + "/".join([*parts[:3], parts[5]]), patched))
         if request.method == "PATCH" and parts[5] == "deployments" and parts[7:] == ["scale"]:
             if self.scale_answers:
                 status = self.scale_answers.pop(0)
@@ -189,6 +201,8 @@ class ApiServer:
         if self.commit:
             bound = copy.deepcopy(pod)
             bound["spec"]["nodeName"] = body["target"]["name"]
+            if body["metadata"].get("annotations"):  # as kube-apiserver does: the Binding's land on the pod
+                bound["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
             self.put(PODS, bound)
             self.bindings.append((key, body["target"]["name"]))
         if self.answer == "lost":

@@ -72,3 +72,22 @@ def test_anything_else_is_refused_with_a_reason(raw: str, why: str) -> None:
     with pytest.raises(ValueError, match=why) as err:
         decode(raw)
     assert MIGRATION_ANNOTATION in str(err.value)
+
+
+def test_a_moved_mark_round_trips_and_anything_else_is_refused() -> None:
+    from gpupool_sched.kube.migration_record import MOVED_ANNOTATION, MovedMark, decode_moved, encode_moved
+    mark = MovedMark(1764669450.25, "uid-a", "uid-0", "ns/db-0", "StatefulSet/ns/db")
+    assert decode_moved(encode_moved(mark)) == mark
+    for raw in ("not json", "{}", json.dumps({"at": "soon", "mover": "m", "lineage": "l"}),
+                json.dumps({"at": 1, "mover": "", "lineage": "l"}), "[]"):
+        with pytest.raises(ValueError, match=MOVED_ANNOTATION):
+            decode_moved(raw)
+
+
+def test_a_surge_record_round_trips_and_anything_else_is_refused() -> None:
+    from gpupool_sched.writer.surge import SURGE_RECORD, SurgeRecord
+    record = SurgeRecord(8, "uid-a", "ns/t-1", "ReplicaSet/ns/t", "uid-big", 1764669450.5, 1764669750.5)
+    assert SurgeRecord.decode(record.encode()) == record
+    for raw in ("not json", "{}", json.dumps({**json.loads(record.encode()), "replicas": "eight"}), "[]"):
+        with pytest.raises(ValueError, match=SURGE_RECORD):
+            SurgeRecord.decode(raw)

@@ -58,6 +58,7 @@ class Ledger:
         self.nominations: dict[str, Nomination] = {}  # preemptor UID -> its nomination
         self.reservations: dict[str, Reservation] = {}  # RESERVED entry UID -> a migration's destination
         self.replaced: dict[str, str] = {}  # replacement UID -> UID of the first pod it replaces (cooldown)
+        self.marks: dict[str, str] = {}  # replacement UID -> its gpupool.io/moved annotation, until bound
         self.surging: dict[str, tuple[str, str]] = {}  # mover UID -> (its node, destination): a surge under way
         self.non_preempting_classes: set[str] = set()  # PriorityClasses with preemptionPolicy: Never
         self.preemptions: dict[str, int] = {}  # pending pod UID -> preemptions it started (a storm bound)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 
 from gpupool_sched.cache.entries import Phase, PodEntry
 from gpupool_sched.cache.nominator import Nominator
-from gpupool_sched.kube.migration_record import RecordedMove
+from gpupool_sched.kube.migration_record import MovedMark, RecordedMove, encode_moved
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
@@ -35,6 +36,7 @@ class Reservation:
     blocked: str  # UID of the pod the migration makes room for (background consolidation: its `background/` id)
     deadline: float  # state clock
     adopted: bool = False  # read from the blocked pod's migration record, not decided by this instance
+    at: float = 0.0  # wall-clock seconds: when the hold was taken (the move, for the cooldown and budget)
 
 
 def reservation_uid(mover: str) -> str:
@@ -54,14 +56,18 @@ class Reservations(Nominator):
         if reservation_uid(mover.uid) in self.pods:
             raise ValueError(f"pod {mover.key} already has a reservation")
         return self._hold(Reservation(reservation_uid(mover.uid), mover.uid, mover.key, mover.owner, mover.request,
-                                      destination, blocked, self.clock() + timeout_s))
+                                      destination, blocked, self.clock() + timeout_s, at=time.time()))
 
     def adopt_reservation(self, blocked: str, move: RecordedMove, since: float, deadline: float) -> Reservation | None:
         """Hold what another instance held for `move`'s replacement (the blocked pod's migration record, whose
         holds were taken at `since`, wall-clock seconds): a standby mirrors the leader, a new leader takes
-        the holds over. None when there is nothing to hold: held already, the destination unknown, the
-        replacement already placed there, or the room taken."""
+        the holds over. None when there is nothing to hold: held already (an adopted hold lasts until the
+        later `deadline`: a surge extends the record), the destination unknown, the replacement already
+        placed there, or the room taken."""
         uid = reservation_uid(move.mover)
+        held = self.reservations.get(uid)
+        if held is not None and held.adopted:
+            held.deadline = max(held.deadline, deadline)
         if uid in self.pods or move.destination.node not in self.nodes or deadline <= self.clock():
             return None
         if self._replacement_on(move.destination.node, move.owner, move.request, move.mover, since) is not None:
@@ -72,7 +78,7 @@ class Reservations(Nominator):
             return None
         log.info("holding %s for the replacement of %s (adopted migration)", move.destination.node, move.mover_key)
         return self._hold(Reservation(uid, move.mover, move.mover_key, move.owner, move.request, move.destination,
-                                      blocked, deadline, adopted=True))
+                                      blocked, deadline, adopted=True, at=since))
 
     def _hold(self, reservation: Reservation) -> Reservation:
         namespace = reservation.mover_key.partition("/")[0]
@@ -159,7 +165,11 @@ class Reservations(Nominator):
         mover's history (a cooldown follows the pod from one node to the next)."""
         reservation = self.reservations.get(uid)
         if reservation is not None:
-            self.replaced[replacement] = self.replaced.get(reservation.mover, reservation.mover)
+            lineage = self.replaced.get(reservation.mover, reservation.mover)
+            self.replaced[replacement] = lineage
+            # the Binding carries it onto the pod: the cooldown and the budget outlive this process
+            self.marks[replacement] = encode_moved(MovedMark(reservation.at or time.time(), reservation.mover,
+                                                             lineage, reservation.mover_key, reservation.owner))
             self.end_reservation(uid)
             self.on_claimed(reservation)
 
@@ -190,6 +200,13 @@ class Reservations(Nominator):
         reservation = self.reservations.get(reservation_uid(mover))
         if reservation is not None:
             reservation.deadline = max(reservation.deadline, until)
+
+    def extend_adopted(self, blocked: str, deadline: float) -> None:
+        """An adopted nomination of a pod whose migration record holds until `deadline` (state clock) lasts
+        that long (a surge's holds outlast an eviction's)."""
+        nomination = self.nominations.get(blocked)
+        if nomination is not None and nomination.adopted:
+            nomination.deadline = max(nomination.deadline, deadline)
 
     def migrating_nodes(self) -> set[str]:
         """Nodes a migration is under way on: a reservation's destination, or a mover's node while the pod

@@ -152,6 +152,7 @@ class ClusterState(Reservations):
             ended = self.end_nomination(uid)  # a preemptor gone: its holds go too
             ended |= self.abandon_migration(uid)  # and the destinations held for its movers
             self.replaced.pop(uid, None)
+            self.marks.pop(uid, None)
             self.preemptions.pop(uid, None)
             self._nominated_on.pop(uid, None)
             entry = self.pods.get(uid)

@@ -283,6 +283,14 @@ class KubeApi:
                          {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": replicas}},
                          MERGE_PATCH)
 
+    async def mark_replica_set(self, namespace: str, name: str, annotations: Mapping[str, str | None],
+                               labels: Mapping[str, str | None]) -> None:
+        """Merge-patch a ReplicaSet's annotations and labels (None removes one), e.g. a surge's record (on
+        the ReplicaSet, not its Deployment: a Deployment's annotations bump its generation, a ReplicaSet's
+        do not)."""
+        await self.write("PATCH", replica_set_path(namespace, name),
+                         {"metadata": {"annotations": dict(annotations), "labels": dict(labels)}}, MERGE_PATCH)
+
     async def set_deletion_cost(self, namespace: str, name: str, uid: str, cost: int) -> None:
         """The pod's `controller.kubernetes.io/pod-deletion-cost` annotation: its ReplicaSet removes pods
         of lower cost first when it scales down (among pods equally placed, running and ready). The UID

@@ -16,6 +16,20 @@ migration freed could go to another pod (docs/defragmentation.md, "Failover").
 `at` and `until` are wall-clock seconds (when the holds were taken, when they end); every process reads
 them against its own clock. A pod of the mover's controller and shape that started on the destination
 since `at` is its replacement (its siblings started before).
+
+The `gpupool.io/moved` annotation: what a replacement placed on its held destination carries, in the
+Binding that places it (the API server copies a Binding's annotations onto the pod in the same write), so
+that the cooldown and the hourly budget survive a restart and a failover (framework/plugins/movers.py
+reads it back from the pod watch):
+
+    {"at": 1764669450.0, "mover": "6c1e...", "lineage": "51aa...", "pod": "ns/tenants-7d9-abc",
+     "owner": "ReplicaSet/ns/tenants-7d9"}
+
+`at`: wall-clock seconds, when the mover's destination was held (the move); `mover`: the UID of the pod it
+replaces (a move counts once on the budget, whether read here or from the blocked pod's record);
+`lineage`: the first UID of the pods it replaces (the cooldown follows a pod from node to node); `pod`
+and `owner`: the mover's namespace/name and controller (a StatefulSet's pod keeps its name: its cooldown
+follows the name too).
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import GpuShape, InvalidRequest, PodRequest
 
 MIGRATION_ANNOTATION = "gpupool.io/migration"
+MOVED_ANNOTATION = "gpupool.io/moved"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +85,33 @@ def record_of(obj: Mapping[str, Any]) -> MigrationRecord | None:
     """The record on a pod object, None when it has none; raises ValueError when it is unreadable."""
     raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(MIGRATION_ANNOTATION)
     return decode(raw) if isinstance(raw, str) and raw else None
+
+
+@dataclass(frozen=True, slots=True)
+class MovedMark:
+    at: float  # wall-clock seconds: the move (its destination held)
+    mover: str  # UID of the pod moved
+    lineage: str  # UID of the first pod of the line (the mover's own lineage)
+    pod: str  # the mover's namespace/name
+    owner: str  # the mover's controller ("Kind/namespace/name")
+
+
+def encode_moved(mark: MovedMark) -> str:
+    return json.dumps({"at": round(mark.at, 3), "mover": mark.mover, "lineage": mark.lineage, "pod": mark.pod,
+                       "owner": mark.owner}, separators=(",", ":"))
+
+
+def decode_moved(raw: str) -> MovedMark:
+    """Raises ValueError for anything `encode_moved` could not have written."""
+    try:
+        data = json.loads(raw)
+        mark = MovedMark(float(data["at"]), str(data["mover"]), str(data["lineage"]), str(data.get("pod", "")),
+                         str(data.get("owner", "")))
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{MOVED_ANNOTATION} unreadable: {exc}") from None
+    if not mark.mover or not mark.lineage:
+        raise ValueError(f"{MOVED_ANNOTATION} unreadable: no mover")
+    return mark
 
 
 def _move(move: RecordedMove) -> dict[str, Any]:

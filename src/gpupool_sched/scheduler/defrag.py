@@ -11,9 +11,11 @@ found nothing to gain, not before `BACKGROUND_RETRY_S`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from gpupool_sched.cache.reservations import Reservation
 from gpupool_sched.cache.state import ClusterState
@@ -21,6 +23,9 @@ from gpupool_sched.framework.actions import background
 from gpupool_sched.framework.plugins.movers import DefragConfig, Movers, in_window
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
+from gpupool_sched.kube import migration_record
+from gpupool_sched.kube.kubeapi import ApiError
+from gpupool_sched.kube.migration_record import MIGRATION_ANNOTATION, MOVED_ANNOTATION
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.placement.background import Gathering, gpus_vacated
@@ -31,6 +36,10 @@ from gpupool_sched.writer.migrator import BACKGROUND, REASON, Migrator
 from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder
 
+log = logging.getLogger(__name__)
+
+SURGES_LOOK_S = 30.0  # a leader looks for surges left unfinished this often (and on taking over)
+SURGES_WAIT_S = 2.0  # ... and this often while one waits for its new replica to become Ready
 BUDGET_REFRESH_S = 30.0  # the default budget (1 % of running GPU pods) is recounted this often, not every tick
 BACKGROUND_RETRY_S = 30.0  # background consolidation plans again this long after a plan found nothing to gain
 PURPOSE = BACKGROUND + "/"  # a background migration's id (the reservations' `blocked`): this and a serial
@@ -65,6 +74,9 @@ class Defrag:
     next_plan: float = float("-inf")  # queue clock before which background consolidation does not plan
     serial: int = 0
     freeing: dict[str, Freeing] = field(default_factory=dict)  # migration (blocked UID or background purpose)
+    read: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)  # pod UID -> its marks read
+    surges_at: float | None = None  # queue clock of the next look for unfinished surges (None: on leading)
+    looking: bool = False  # a look for unfinished surges is under way
 
     @classmethod
     def build(cls, config: DefragConfig, state: ClusterState, budgets: DisruptionBudgets, queue: SchedulingQueue,
@@ -81,6 +93,50 @@ class Defrag:
         move for it at all (a cluster without movable pods retries nothing)."""
         if self.movers.config.enabled and first_seen is not None and self.movers.any_movable(priority):
             self.due.setdefault(uid, first_seen + self.movers.config.after_s)
+
+    def held_back(self, uid: str) -> None:
+        """Nothing moved for `uid` though pods may move for it: when pods left out by their cooldown may
+        move again, or the spent budget allows a move again, it is tried again (not only at the next cluster
+        event or the queue's flush)."""
+        movers = self.movers
+        times = [t for t in (movers.cooling_until, movers.budget_frees_at()) if t is not None]
+        if times:
+            at = min(times)
+            self.due[uid] = min(self.due.get(uid, at), at)
+
+    def observe(self, uid: str, obj: Mapping[str, Any], deleted: bool = False) -> None:
+        """A pod's watch event: the moves it records (a blocked pod's `gpupool.io/migration`, a replacement's
+        `gpupool.io/moved`) count on the budget and the cooldown here too, whoever made them (the budgets
+        survive a restart and a failover). Each annotation is read once per value."""
+        if deleted:
+            self.read.pop(uid, None)
+            return
+        annotations = (obj.get("metadata") or {}).get("annotations")
+        if not annotations:
+            return
+        record, moved = annotations.get(MIGRATION_ANNOTATION), annotations.get(MOVED_ANNOTATION)
+        if record is None and moved is None:
+            return
+        seen = self.read.get(uid)
+        if seen == (record, moved):
+            return
+        self.read[uid] = (record, moved)
+        if isinstance(moved, str) and moved and (seen is None or seen[1] != moved):
+            try:
+                mark = migration_record.decode_moved(moved)
+            except ValueError as exc:
+                log.warning("pod %s: %s", uid, exc)
+            else:
+                self.state.replaced.setdefault(uid, mark.lineage)
+                self.movers.remember(mark.mover, mark.lineage, mark.pod, mark.owner, mark.at)
+        if isinstance(record, str) and record and (seen is None or seen[0] != record):
+            try:
+                found = migration_record.decode(record)
+            except ValueError:
+                return  # said where the holds are read (the service's _follow_migration)
+            for move in found.moves:
+                self.movers.remember(move.mover, self.state.replaced.get(move.mover, move.mover), move.mover_key,
+                                     move.owner, found.at)
 
     def planned(self, plan: PodPlan, migration: Consolidation) -> None:
         moves = migration.moves
@@ -176,3 +232,39 @@ class Defrag:
         self.movers.carried_out(m.pod.uid for m in found.moves)
         self.metrics.defrag_budget_remaining.set(self.movers.budget_left())
         return found
+
+    def lead(self, leading: bool) -> None:
+        """Housekeeping: a leader looks for surges left unfinished (a failover, a restart) when it takes
+        over, and then now and then (a scale-down of its own that failed is tried again so)."""
+        if not leading or not self.movers.config.enabled:
+            self.surges_at = None  # the next time it leads, it looks at once
+            return
+        now = self.queue.clock()
+        if self.looking or (self.surges_at is not None and now < self.surges_at):
+            return
+        self.looking = True
+        self.surges_at = now + SURGES_LOOK_S
+        self.migrator._spawn(self._look())
+
+    async def _look(self) -> None:
+        try:
+            found = await self.migrator.surger.recover_all()
+        except ApiError as exc:
+            log.warning("looking for unfinished surges failed (%s); trying again later", exc)
+            return
+        finally:
+            self.looking = False
+        for record, outcome in found:
+            if outcome.result == "waiting":
+                soon = self.queue.clock() + SURGES_WAIT_S
+                self.surges_at = soon if self.surges_at is None else min(self.surges_at, soon)
+                continue
+            if outcome.result != "left":
+                self.metrics.migrations.labels(reason=REASON, result=_RESULTS.get(outcome.result,
+                                                                                  outcome.result)).inc()
+            if outcome.result == "rolled_back":
+                self.movers.refuse(record.owner, refund=False)
+            self.queue.on_event(ClusterEvent.GPU_FREED)
+
+
+_RESULTS = {"gone": "abandoned"}  # a recovered surge's outcome -> the migrations metric's result

@@ -190,6 +190,8 @@ class Scheduling:
                 message += f"; no pod moves for it: {not_moved}"
             if self.defrag is not None and not job.gang and (movable is None or later) and not_moved is None:
                 self.defrag.wait(job.plans[0].uid, job.items[0].first_seen, job.priority)
+            elif self.defrag is not None and not job.gang and result.preemption is None:
+                self.defrag.held_back(job.plans[0].uid)  # a cooldown or the budget kept movers in place
             self._unschedulable(job, message)
             return
         by_uid = dict(zip((p.uid for p in job.plans), job.items, strict=True))
@@ -227,6 +229,7 @@ class Scheduling:
             if most <= 0 or not movers.any_movable(floor):
                 return None, None, None, False
             return (lambda: movers.candidates(floor)), most, None, True
+        movers.cooling_until = None  # what `candidates` leaves out for this pod, if it is asked
         why = movers.may_move_for(waited)
         if why is not None:
             return None, None, why, False

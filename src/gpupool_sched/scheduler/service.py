@@ -269,6 +269,7 @@ class SchedulerService:
         uid = info.uid
         update = self.state.apply_pod(info, deleted=kind == "DELETED")
         self.gang_upkeep.track(uid, obj, kind == "DELETED")
+        self.defrag.observe(uid, obj, kind == "DELETED")
         if update.gone:
             self._pending.pop(uid, None)
             self.queue.delete(uid)
@@ -289,26 +290,29 @@ class SchedulerService:
             item = QueuedPod(uid=uid, key=info.key, priority=priority, created=_created(obj), payload=None,
                              revision=info.revision)
             self.queue.add(item)
-            movers = self._follow_migration(info)
+            movers, until = self._follow_migration(info)
             self._follow_nomination(info, priority, movers)
+            if until is not None:
+                self.state.extend_adopted(info.uid, until)  # a surge extended the record: hold as long
 
-    def _follow_migration(self, info: PodInfo) -> frozenset[str]:
+    def _follow_migration(self, info: PodInfo) -> tuple[frozenset[str], float | None]:
         """Mirror the holds of a migration another instance (or this process before a restart) carried out
         for this pod (its `gpupool.io/migration` record): each mover's destination stays held for its
-        replacement. Returns the movers' UIDs (the pod's adopted nomination holds what they free)."""
+        replacement, until the record's `until` (extended when a surge extends it). Returns the movers'
+        UIDs (the pod's adopted nomination holds what they free) and that deadline (the state's clock)."""
         if info.uid in self.defrag.started:
-            return frozenset()  # ours: the state holds it already
+            return frozenset(), None  # ours: the state holds it already
         try:
             record = migration_record.record_of(info.obj)
         except ValueError as exc:
             log.warning("pod %s: %s", info.key, exc)
-            return frozenset()
+            return frozenset(), None
         if record is None:
-            return frozenset()
+            return frozenset(), None
         deadline = self.state.clock() + (record.until - time.time())
         for move in record.moves:
             self.state.adopt_reservation(info.uid, move, record.at, deadline)
-        return frozenset(m.mover for m in record.moves)
+        return frozenset(m.mover for m in record.moves), deadline
 
     def _follow_nomination(self, info: PodInfo, priority: int, movers: frozenset[str] = frozenset()) -> None:
         """Mirror a nomination another instance made (status.nominatedNodeName): a standby holds what the
@@ -388,6 +392,7 @@ class SchedulerService:
                 if self.config.defrag.background != "off":
                     self.defrag.background(self.leader.is_leader and not self.informers.stale,
                                            self._waiting_for_gpus())
+                self.defrag.lead(self.leader.is_leader)  # surges a failover or a restart left unfinished
                 if self.leader.is_leader and self.state.abandon_unstarted():
                     self.queue.on_event(ClusterEvent.GPU_FREED)  # a failed-over plan's unevicted movers stay
                 self.gang_upkeep.write_status()

@@ -26,6 +26,7 @@ from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.queue import QueuedPod
 from gpupool_sched.kube.assignment import build_assignment
 from gpupool_sched.kube.kubeapi import ApiError, KubeApi
+from gpupool_sched.kube.migration_record import MOVED_ANNOTATION
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.model.decision import Placement
@@ -145,6 +146,9 @@ class Binder:
                 if self.state.needs_gate(node):
                     shapes = frozenset(assignment.shapes())
                     await self._pass_gate(plan, node, shapes)
+            mark = self.state.marks.get(plan.uid)
+            if mark is not None:  # a migration's replacement: its move outlives this process (gpupool.io/moved)
+                annotations = {**annotations, MOVED_ANNOTATION: mark}
             if plan.uid not in self.state.pods:
                 return  # deleted while waiting at the gate
             if not self.is_leader():
@@ -167,6 +171,7 @@ class Binder:
 
     def _succeeded(self, plan: PodPlan, node: str, item: QueuedPod, popped_at: float) -> None:
         self.state.mark_bound(plan.uid)
+        self.state.marks.pop(plan.uid, None)
         now = time.time()
         self.metrics.attempts.labels(result="scheduled").inc()
         self.metrics.attempt_latency.observe(time.monotonic() - popped_at)

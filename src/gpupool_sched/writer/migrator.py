@@ -20,6 +20,7 @@ not moved yet are spared ("abandoned"; an eviction or a surge already sent compl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -56,6 +57,8 @@ class Migrator:
         self.metrics = metrics
         self.recorder = recorder
         self.surger = Surger(state, preemptor.api, timeout_s=surge_timeout_s)
+        self.surger.on_extended = self._extended
+        self.records: dict[str, tuple[PodPlan, MigrationRecord]] = {}  # blocked UID -> its record as written
         # a controller not to surge again within the cooldown (refused, or rolled back); True: refund the move
         self.on_refused: Callable[[str, bool], None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -97,11 +100,43 @@ class Migrator:
         now = time.time()
         return MigrationRecord(migration.node, now, now + max(0.0, deadline - self.state.clock()), tuple(moves))
 
+    async def _extended(self, blocked: str) -> None:
+        """A surge extended the holds of the migration for `blocked`: its record's `until` follows (a
+        standby, and the leader after a failover, would otherwise let go of them too early)."""
+        written = self.records.get(blocked)
+        if written is None:
+            return
+        plan, record = written
+        now, clock = time.time(), self.state.clock()
+        deadlines = [r.deadline for m in record.moves
+                     if (r := self.state.reservations.get(reservation_uid(m.mover))) is not None]
+        nomination = self.state.nominations.get(blocked)
+        if nomination is not None:
+            deadlines.append(nomination.deadline)
+        until = now + max(0.0, max(deadlines, default=clock) - clock)
+        if until <= record.until + 1.0:
+            return
+        record = dataclasses.replace(record, until=until)
+        self.records[blocked] = (plan, record)
+        try:
+            await self.preemptor.api.annotate_pod(plan.namespace, plan.name,
+                                                  {MIGRATION_ANNOTATION: migration_record.encode(record)})
+        except ApiError as exc:
+            log.warning("pod %s: extending the migration record failed (%s); a failover would end its holds "
+                        "early", plan.key, exc)
+
     async def _run(self, plan: PodPlan, migration: Consolidation, targets: list[tuple[Move, Target]]) -> None:
+        try:
+            await self._carry_out(plan, migration, targets)
+        finally:
+            self.records.pop(plan.uid, None)
+
+    async def _carry_out(self, plan: PodPlan, migration: Consolidation, targets: list[tuple[Move, Target]]) -> None:
         api = self.preemptor.api
+        record = self.record(migration)
+        self.records[plan.uid] = (plan, record)
         try:  # the holds first, where a standby and the next leader read them, then the nomination
-            await api.annotate_pod(plan.namespace, plan.name,
-                                   {MIGRATION_ANNOTATION: migration_record.encode(self.record(migration))})
+            await api.annotate_pod(plan.namespace, plan.name, {MIGRATION_ANNOTATION: migration_record.encode(record)})
         except ApiError as exc:
             if exc.status == 404:  # the blocked pod is gone: move nobody
                 self._stop(plan, [t for _, t in targets], "abandoned", None)

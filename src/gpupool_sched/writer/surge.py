@@ -18,6 +18,17 @@ What may go wrong, and what is left behind (never an extra replica, never a coun
     annotation promises no capacity dip). The HPA owns spec.replicas: a surge at its maxReplicas is undone
     by it at once, and its scale-down stabilisation window remembers the surged count.
 
+A surge outlives its leader: before the scale-up the mover's ReplicaSet gets the `gpupool.io/surge`
+annotation (the count before, the mover, the pod it makes room for, the deadline for Ready; `SurgeRecord`)
+and the label `gpupool.io/surging`, removed once the count is back (or is someone else's). (Not on the
+Deployment: any change of a Deployment's annotations bumps its generation, which reads as a rollout.) A
+leader (a new one after a failover, or this one after a restart) finds the ReplicaSets so labelled with one
+LIST
+(`recover_all`, when it starts leading and then now and then) and finishes each surge (the new replica
+Ready, the pod it makes room for still nominated: the mover's deletion cost, the count back) or rolls it
+back (the deadline passed, the mover or the pod it made room for gone), never writing a count that is not
+the surge's any more.
+
 The new replica's readiness is read from the ledger (the pod watch the scheduler has anyway), not polled
 from the API server.
 """
@@ -25,8 +36,11 @@ from the API server.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Callable, Mapping
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +63,36 @@ LOWEST_COST = -2147483648  # int32's least: removed first among pods equally pla
 DEFAULT_SURGE_TIMEOUT_S = 300.0
 CONFLICT_RETRIES = 5  # reads and writes of the count when others write the Deployment too
 SCALE_DOWN_WINDOW_S = 120.0  # after Ready: the scale-down and the ReplicaSet's deletion of the mover
+SURGE_RECORD = "gpupool.io/surge"  # on the mover's ReplicaSet mid-surge: what the next leader finishes or undoes
+SURGING = "gpupool.io/surging"  # its label, so that a new leader finds them with one LIST
+REPLICA_SETS = "/apis/apps/v1/replicasets"
+
+
+@dataclass(frozen=True, slots=True)
+class SurgeRecord:
+    """A surge under way, as the Deployment carries it (`gpupool.io/surge`)."""
+
+    replicas: int  # spec.replicas before the surge: the surge made it replicas + 1
+    mover: str  # UID of the pod that moves
+    pod: str  # its namespace/name
+    owner: str  # its controller ("ReplicaSet/namespace/name"): the new replica has the same
+    blocked: str  # UID of the pod the migration makes room for
+    at: float  # wall-clock seconds: the surge began
+    until: float  # wall-clock seconds: the new replica must be Ready by then, else the surge is rolled back
+
+    def encode(self) -> str:
+        return json.dumps({"replicas": self.replicas, "mover": self.mover, "pod": self.pod, "owner": self.owner,
+                           "blocked": self.blocked, "at": round(self.at, 3), "until": round(self.until, 3)},
+                          separators=(",", ":"))
+
+    @staticmethod
+    def decode(raw: str) -> SurgeRecord:
+        try:
+            d = json.loads(raw)
+            return SurgeRecord(int(d["replicas"]), str(d["mover"]), str(d["pod"]), str(d["owner"]),
+                               str(d["blocked"]), float(d["at"]), float(d["until"]))
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{SURGE_RECORD} unreadable: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +143,8 @@ class Surger:
         self.api = api
         self.timeout_s = timeout_s
         self.poll_s = poll_s
+        # the holds of the blocked pod's migration were extended: its record (on the pod) says so too
+        self.on_extended: Callable[[str], Awaitable[None]] | None = None
 
     # ---- is the mover's Deployment one that surges? --------------------------------------------------
     async def deployment_of(self, entry: PodEntry) -> Deployment | None:
@@ -193,16 +239,139 @@ class Surger:
         who = _Mover(mover.uid, mover.key, mover.owner, self.state.replaced.get(mover.uid, mover.uid),
                      mover.pod_grace_s)
         before = {uid for uid, e in self.state.pods.items() if e.owner == who.owner}
+        now = time.time()
+        record = SurgeRecord(replicas, who.uid, who.key, who.owner, blocked, now, now + self.timeout_s)
+        # under way here before the record exists: this process's own look for unfinished surges skips it
         self.state.surging[who.uid] = (mover.node, destination)
         try:
-            return await self._surge(blocked, who, target, replicas, before,
-                                     live or (lambda: blocked in self.state.nominations))
+            try:  # first the record, where the next leader finds it: a surge never outlives its undo
+                await self.api.mark_replica_set(target.namespace, target.replica_set,
+                                                {SURGE_RECORD: record.encode()}, {SURGING: "true"})
+            except ApiError as exc:
+                if exc.status == 404:
+                    return Outcome("refused", f"Deployment {target.key} is gone")
+                return Outcome("failed", f"recording the surge on ReplicaSet {target.namespace}/"
+                               f"{target.replica_set} failed: {exc}",
+                               replicas=replicas)
+            outcome = await self._surge(blocked, who, target, replicas, before,
+                                        live or (lambda: blocked in self.state.nominations))
+            await self._settle(target, record)  # not when cancelled: as for a leader that died, the next settles
+            return outcome
         finally:
             self.state.surging.pop(who.uid, None)
 
+    async def _settle(self, target: Deployment, record: SurgeRecord) -> bool:
+        """The surge is over: its record goes, unless the count is still the surge's (a scale-down that
+        failed: the next look, `recover_all`, tries it again). True when it went (or nothing is left)."""
+        try:
+            deployment = await self.api.read_object(deployment_path(target.namespace, target.name))
+            if (deployment.get("spec") or {}).get("replicas", 1) == record.replicas + 1:
+                log.warning("surge of Deployment %s: still at %d; left for the next look", target.key,
+                            record.replicas + 1)
+                return False
+            await self.api.mark_replica_set(target.namespace, target.replica_set, {SURGE_RECORD: None},
+                                            {SURGING: None})
+        except ApiError as exc:
+            if exc.status == 404:
+                return True
+            log.warning("surge of Deployment %s: removing its record failed (%s)", target.key, exc)
+            return False
+        return True
+
+    # ---- a surge another leader (or this process before a restart) left unfinished --------------------
+    async def recover_all(self) -> list[tuple[SurgeRecord, Outcome]]:
+        """Find the ReplicaSets marked mid-surge (one LIST by label) and finish or undo each surge not under
+        way here. Returns how each ended ("waiting": its new replica may still become Ready)."""
+        items, _ = await self.api.call(self.api.list_raw_sync, REPLICA_SETS, params=(("labelSelector", SURGING),))
+        out = []
+        for rs in items:
+            meta = rs.get("metadata") or {}
+            namespace, rs_name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+            raw = (meta.get("annotations") or {}).get(SURGE_RECORD)
+            if not isinstance(raw, str) or not raw:
+                continue
+            try:
+                record = SurgeRecord.decode(raw)
+            except ValueError as exc:
+                log.warning("ReplicaSet %s/%s: %s", namespace, rs_name, exc)
+                continue
+            if record.mover in self.state.surging:
+                continue  # this process's own surge, under way
+            ref = next((r for r in meta.get("ownerReferences") or ()
+                        if isinstance(r, Mapping) and r.get("controller") is True and r.get("kind") == "Deployment"),
+                       None)
+            name = str(ref.get("name", "")) if ref is not None else ""
+            target = Deployment(namespace, name, str(ref.get("uid", "")) if ref else "", rs_name, f"{namespace}/{name}")
+            try:
+                deployment = (await self.api.read_object(deployment_path(namespace, name)) if name
+                              else {"spec": {"replicas": -1}})  # no Deployment: nothing to scale back
+                out.append((record, await self.recover(target, deployment, record)))
+            except ApiError as exc:
+                if exc.status == 404:  # the Deployment is gone: nothing to scale back
+                    out.append((record, await self.recover(target, {"spec": {"replicas": -1}}, record)))
+                    continue
+                log.warning("surge of Deployment %s: recovering it failed (%s); trying again later", target.key, exc)
+        return out
+
+    async def recover(self, target: Deployment, deployment: Mapping[str, Any], record: SurgeRecord) -> Outcome:
+        """Finish or undo one surge found on its Deployment (`record`), as it reads now."""
+        replicas = (deployment.get("spec") or {}).get("replicas", 1)
+        if replicas != record.replicas + 1:  # back already, or someone else's count now: nothing to undo
+            await self._settle(target, record)
+            return Outcome("left", f"spec.replicas of Deployment {target.key} is {replicas}, not the surge's "
+                           f"{record.replicas + 1}", replicas=record.replicas)
+        mover = self.state.pods.get(record.mover)
+        new = self._replica_since(record)
+        seen = _Mover(new.uid, new.key, new.owner, "", None, new.node) if new is not None else None
+        if mover is None:  # gone: its room is free; the count goes back (the ReplicaSet removes its least ready)
+            outcome = await self._roll_back(target, record.replicas, None, "gone",
+                                            f"{record.pod} went away during the surge")
+        elif record.blocked not in self.state.nominations:
+            outcome = await self._roll_back(target, record.replicas, seen, "abandoned", "the pod it made room for "
+                                            "went away, was placed elsewhere, or stopped waiting")
+        elif new is not None and new.ready:
+            outcome = await self._finish(target, record, mover, seen)
+        elif time.time() < record.until:
+            return Outcome("waiting", None, seen.key if seen else None, seen.node if seen else None, record.replicas)
+        else:
+            said = f"the new replica {seen.key}" if seen is not None else "no new replica"
+            outcome = await self._roll_back(target, record.replicas, seen, "rolled_back",
+                                            f"{said} was not Ready within {record.until - record.at:.0f}s")
+        await self._settle(target, record)
+        log.info("surge of Deployment %s left by another leader: %s (%s)", target.key, outcome.result,
+                 outcome.why or "finished")
+        return outcome
+
+    async def _finish(self, target: Deployment, record: SurgeRecord, mover: PodEntry, seen: _Mover | None) -> Outcome:
+        """The new replica is Ready: the mover goes first, the count goes back."""
+        assert seen is not None
+        self.state.extend_migration(record.blocked, mover.uid, (mover.pod_grace_s or 30) + SCALE_DOWN_WINDOW_S)
+        namespace, _, name = mover.key.partition("/")
+        try:
+            await self.api.set_deletion_cost(namespace, name, mover.uid, LOWEST_COST)
+        except ApiError as exc:
+            if exc.status != 404:
+                return await self._roll_back(target, record.replicas, seen, "rolled_back",
+                                             f"marking {mover.key} to go first failed: {exc}")
+        scaled = await self._scale(target, record.replicas + 1, record.replicas, SCALE_DOWN_WINDOW_S)
+        if scaled is not None:
+            return Outcome("failed", scaled, seen.key, seen.node, record.replicas)
+        return Outcome("surged", None, seen.key, seen.node, record.replicas)
+
+    def _replica_since(self, record: SurgeRecord) -> PodEntry | None:
+        """The surge's new replica as far as the ledger tells (the set of pods before it is not known here):
+        a placed pod of the mover's controller that started since the surge began, the Ready one first,
+        then the newest."""
+        found = [e for uid, e in self.state.pods.items()
+                 if e.owner == record.owner and uid != record.mover and e.started >= math.floor(record.at)
+                 and e.phase in (Phase.ASSUMED, Phase.BOUND, Phase.CONFIRMED)]
+        if not found:
+            return None
+        return min(found, key=lambda e: (not e.ready, -e.started))
+
     async def _surge(self, blocked: str, mover: _Mover, target: Deployment, replicas: int,
                      before: set[str], live: Callable[[], bool]) -> Outcome:
-        self.state.extend_migration(blocked, mover.uid, self.timeout_s + SCALE_DOWN_WINDOW_S)
+        await self._extend(blocked, mover.uid, self.timeout_s + SCALE_DOWN_WINDOW_S)
         try:
             scaled = await self._scale(target, replicas, replicas + 1)
         except ApiError as exc:
@@ -233,7 +402,7 @@ class Surger:
             await asyncio.sleep(self.poll_s)
         assert seen is not None
         # the new replica is Ready: the mover goes, the count goes back
-        self.state.extend_migration(blocked, mover.uid, (mover.grace_s or 30) + SCALE_DOWN_WINDOW_S)
+        await self._extend(blocked, mover.uid, (mover.grace_s or 30) + SCALE_DOWN_WINDOW_S)
         namespace, _, name = mover.key.partition("/")
         try:
             await self.api.set_deletion_cost(namespace, name, mover.uid, LOWEST_COST)
@@ -251,6 +420,13 @@ class Surger:
         log.info("surge: %s Ready on %s; Deployment %s back to %d, %s goes", seen.key, seen.node, target.key,
                  replicas, mover.key)
         return Outcome("surged", None, seen.key, seen.node, replicas)
+
+    async def _extend(self, blocked: str, mover: str, seconds: float) -> None:
+        """The holds last `seconds` more, here and in the blocked pod's migration record (where a standby
+        and the next leader read them)."""
+        self.state.extend_migration(blocked, mover, seconds)
+        if self.on_extended is not None:
+            await self.on_extended(blocked)
 
     def _new_replica(self, mover: _Mover, before: set[str]) -> PodEntry | None:
         """The ReplicaSet's pod created by the surge: placed since it began, with the mover's controller;

@@ -17,10 +17,16 @@ by their Job, so that a Job that appears or goes re-judges its own pods only.
 
 Budgets that stop storms: a pod waits `after_s` before anything moves for it; at most `per_hour` moves
 in the last hour cluster-wide (default 1 % of the running GPU pods, at least 1); at most one migration
-at a time per node (`ClusterState.migrating_nodes`, asked by the action)."""
+at a time per node (`ClusterState.migrating_nodes`, asked by the action).
+
+The moves of the last hour and the cooldowns outlive the leader: every move is read back from the pods
+(`remember`, from the blocked pod's `gpupool.io/migration` record and the replacement's
+`gpupool.io/moved` annotation, wall-clock times), so a restarted scheduler or a new leader counts the same
+moves and keeps the same pods in place (docs/defragmentation.md, "The budgets survive a failover")."""
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import time
@@ -164,6 +170,8 @@ class Movers:
     pod_job: dict[str, str] = field(default_factory=dict)  # ledger UID -> the Job it is indexed under
     gpu_pods: int = 0  # running pods holding GPUs, as of the last `refresh` (the default budget's base)
     refused: dict[str, float] = field(default_factory=dict)  # controller -> clock: its surge was refused then
+    counted: dict[str, float] = field(default_factory=dict)  # mover UID -> clock of its move (counted once)
+    cooling_until: float | None = None  # the last `candidates`: when the first pod left out by a cooldown may move
 
     def __post_init__(self) -> None:
         for entry in list(self.state.pods.values()):
@@ -252,6 +260,7 @@ class Movers:
         as the budget has left."""
         now_wall, now = self.wall(), self.clock()
         out: list[Movable] = []
+        self.cooling_until = None
         for uid in sorted(self.movable):
             entry = self.state.pods.get(uid)
             if (entry is None or not entry.ours or entry.phase not in (Phase.BOUND, Phase.CONFIRMED)
@@ -261,20 +270,39 @@ class Movers:
                     or POD_GROUP_LABEL in entry.labels or entry.started <= 0
                     or now_wall - entry.started < self.config.min_runtime_s):
                 continue
-            lineage = self.state.replaced.get(entry.uid, entry.uid)
-            last = self.moved.get(lineage)
-            if last is not None and now - last < self.config.cooldown_s:
-                continue
-            refused = self.refused.get(entry.owner) if self.refused else None
-            if refused is not None and now - refused < self.config.cooldown_s:
-                continue
             namespace = entry.key.partition("/")[0]
             covering = self.budgets.covering(namespace, entry.labels) if self.budgets.budgets else ()
             if any(allowed <= 0 for _, allowed in covering):
                 continue
+            cooled = self._cooled(entry, now)
+            if cooled is not None:  # moved (or its surge refused) within the cooldown: tried again after it
+                self.cooling_until = cooled if self.cooling_until is None else min(self.cooling_until, cooled)
+                continue
             out.append(Movable(RunningPod(entry.uid, entry.node, entry.request.priority, entry.request,
                                           entry.placement, entry.started, False, covering), entry.owner))
         return out
+
+    def _cooled(self, entry: PodEntry, now: float) -> float | None:
+        """When `entry` may move again (the clock), None when it may now: moved itself, or the pod it
+        replaces, or (a StatefulSet's) a pod of its name, within the cooldown; or its controller's surge
+        refused within it."""
+        last = self.moved.get(self.state.replaced.get(entry.uid, entry.uid))
+        if entry.owner.startswith("StatefulSet/"):
+            by_name = self.moved.get(_by_name(entry.key))
+            if by_name is not None and (last is None or by_name > last):
+                last = by_name
+        refused = self.refused.get(entry.owner) if self.refused else None
+        if refused is not None and (last is None or refused > last):
+            last = refused
+        if last is None or now - last >= self.config.cooldown_s:
+            return None
+        return last + self.config.cooldown_s
+
+    def budget_frees_at(self) -> float | None:
+        """When the budget allows a move again (the clock), None when it does now (or never: a budget of 0)."""
+        if self.budget_left() > 0 or not self.moves or self.budget() <= 0:
+            return None
+        return self.moves[len(self.moves) - self.budget()] + 3600.0
 
     def refuse(self, owner: str, refund: bool = True) -> None:
         """A surge of `owner`'s Deployment was refused before anything was written (an HPA scales it, a
@@ -293,10 +321,38 @@ class Movers:
         now = self.clock()
         for uid in movers:
             self.moves.append(now)
+            self.counted[uid] = now
             self.moved[self.state.replaced.get(uid, uid)] = now
+            entry = self.state.pods.get(uid)
+            if entry is not None and entry.owner.startswith("StatefulSet/"):
+                self.moved[_by_name(entry.key)] = now
+        self._prune(now)
+
+    def remember(self, mover: str, lineage: str, key: str, owner: str, at: float) -> None:
+        """A move read back from the API (a migration record, a replacement's `gpupool.io/moved`): `mover`
+        (its UID, counted once on the budget however often it is read), of the line `lineage`, the pod
+        `key` of the controller `owner`, moved at `at` (wall-clock seconds): it counts on the budget for
+        an hour and keeps its line (and a StatefulSet's pod name) in place for the cooldown, here as on
+        the leader that moved it."""
+        now = self.clock()
+        when = now - max(0.0, self.wall() - at)
+        if now - when >= max(self.config.cooldown_s, 3600.0):
+            return
+        if mover not in self.counted:
+            self.counted[mover] = when
+            if now - when < 3600.0:
+                bisect.insort(self.moves, when)
+        keys = [lineage, _by_name(key)] if owner.startswith("StatefulSet/") else [lineage]
+        for k in keys:
+            if self.moved.get(k, float("-inf")) < when:
+                self.moved[k] = when
+
+    def _prune(self, now: float) -> None:
         cutoff = now - max(self.config.cooldown_s, 3600.0)
         for lineage in [k for k, at in self.moved.items() if at < cutoff]:
             del self.moved[lineage]
+        for uid in [k for k, at in self.counted.items() if at < cutoff]:
+            del self.counted[uid]
 
 
 def job_kind(movers: Movers) -> WatchedKind:
@@ -310,6 +366,11 @@ def job_kind(movers: Movers) -> WatchedKind:
         return True
 
     return WatchedKind("jobs", JOBS, movers.on_job, on_error=list_failed)
+
+
+def _by_name(key: str) -> str:
+    """The cooldown's key for a StatefulSet's pod by its name (its ordinal): its next pod has the same."""
+    return f"pod:{key}"
 
 
 def _holds_gpus(entry: PodEntry) -> bool:
