@@ -237,7 +237,8 @@ class Daemon:
         def publication() -> NodePublication:
             failed = tuple(sorted(board.hardware_problems()))
             live = inventory.model_copy(update={"unhealthy": failed, "pod_identity": pod_identity})
-            return build_publication(live, resources, self.config, idle_pods=idle_pods)
+            return build_publication(live, resources, self.config, idle_pods=idle_pods,
+                                     idle_pending=self.config.idle.sample_interval_s > 0)
 
         def idle_changed(idle_since: dict[str, float]) -> None:
             nonlocal idle_pods

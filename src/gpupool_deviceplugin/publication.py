@@ -38,6 +38,7 @@ class NodePublication:
     annotations: dict[str, str]
     host_capacity: dict[str, str] = field(default_factory=dict)  # cpu/memory/pods (fake nodes only)
     inventory: NodeInventory | None = None
+    keep: frozenset[str] = frozenset()  # owned annotations left as the Node has them (not known yet)
 
 
 def label_value(text: str) -> str:
@@ -47,8 +48,11 @@ def label_value(text: str) -> str:
 
 
 def build_publication(inventory: NodeInventory, resources: list[ResourceSpec], config: PluginConfig,
-                      host_capacity: dict[str, str] | None = None, idle_pods: str | None = None) -> NodePublication:
-    """`idle_pods`: the idle-pods annotation (gpupool_common.idlepods), None while nothing is measured."""
+                      host_capacity: dict[str, str] | None = None, idle_pods: str | None = None,
+                      idle_pending: bool = False) -> NodePublication:
+    """`idle_pods`: the idle-pods annotation (gpupool_common.idlepods), None while nothing is measured.
+    `idle_pending`: the sampler runs but has not measured yet: the Node's annotation is left as it is until
+    it has (a restart does not remove and re-add it); without a sampler it is removed."""
     inventory = inventory.model_copy(update={"sharing": sharing_of(resources, config)})
     labels: dict[str, str] = {}
     if inventory.gpus:
@@ -71,6 +75,7 @@ def build_publication(inventory: NodeInventory, resources: list[ResourceSpec], c
                      **({IDLE_PODS_ANNOTATION: idle_pods} if idle_pods is not None else {})},
         host_capacity=dict(host_capacity or {}),
         inventory=inventory,
+        keep=frozenset({IDLE_PODS_ANNOTATION}) if idle_pending and idle_pods is None else frozenset(),
     )
 
 

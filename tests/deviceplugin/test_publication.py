@@ -86,5 +86,12 @@ def test_the_idle_pods_annotation_is_published_only_once_measured_and_patched_on
     patch = node_patch(idle.labels, {**idle.annotations, IDLE_PODS_ANNOTATION: "{}"}, idle)
     assert patch == {"metadata": {"annotations": {IDLE_PODS_ANNOTATION: text}}}
     assert node_patch(idle.labels, dict(idle.annotations), idle) is None
+    # a restarted plugin whose sampler has not measured yet leaves the last instance's annotation alone
+    # (no removal and re-add: a restart patches nothing when nothing changed); without a sampler it goes
+    pending = build_publication(pub.inventory, [], PluginConfig(), idle_pending=True)
+    assert node_patch(pending.labels, {**pending.annotations, IDLE_PODS_ANNOTATION: text}, pending) is None
+    measured = build_publication(pub.inventory, [], PluginConfig(), idle_pods="{}", idle_pending=True)
+    assert node_patch(measured.labels, {**measured.annotations, IDLE_PODS_ANNOTATION: text}, measured) == {
+        "metadata": {"annotations": {IDLE_PODS_ANNOTATION: "{}"}}}
     with pytest.raises(ValueError):
         parse_idle_pods('["u-1"]')

@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 def node_patch(node_labels: dict[str, str], node_annotations: dict[str, str],
                publication: NodePublication) -> dict | None:
     """The merge patch that brings the Node to `publication`, or None when nothing differs.
-    Owned keys the publication no longer contains are removed (null in a merge patch)."""
+    Owned keys the publication no longer contains are removed (null in a merge patch), except those it
+    keeps as they are (`NodePublication.keep`)."""
     labels: dict[str, str | None] = {}
     annotations: dict[str, str | None] = {}
     for key in OWNED_LABELS:
@@ -25,6 +26,8 @@ def node_patch(node_labels: dict[str, str], node_annotations: dict[str, str],
         if node_labels.get(key) != want:
             labels[key] = want
     for key in OWNED_ANNOTATIONS:
+        if key in publication.keep:
+            continue
         want = publication.annotations.get(key)
         if node_annotations.get(key) != want:
             annotations[key] = want
