@@ -152,17 +152,10 @@ class Migrator:
             log.warning("pod %s: setting nominatedNodeName failed (%s); moving anyway", plan.key, exc)
         # which movers surge (their Deployment says so): read before anything moves, and moved first (a surge
         # that fails disturbs nothing, so no eviction goes out for a migration that then stops)
-        surges: dict[str, Deployment] = {}
-        for _, target in targets:
-            entry = self.state.pods.get(target.uid)
-            try:
-                found = await self.surger.deployment_of(entry) if entry is not None else None
-            except ApiError as exc:
-                self._stop(plan, [t for _, t in targets], "failed",
-                           f"reading the Deployment of {target.namespace}/{target.name} failed: {exc}")
-                return
-            if found is not None:
-                surges[target.uid] = found
+        surges, unread = await self._surges(targets)
+        if unread is not None:
+            self._stop(plan, [t for _, t in targets], "failed", unread)
+            return
         targets = sorted(targets, key=lambda mt: mt[1].uid not in surges)
         names = ", ".join(f"{t.namespace}/{t.name} (to {m.destination.node}{', by surge' if t.uid in surges else ''})"
                           for m, t in targets)
@@ -181,15 +174,12 @@ class Migrator:
                     self._stop(plan, [t for _, t in targets[i:]], *stopped)
                     return
                 continue
-            try:
-                await self.preemptor.evict_pod(target.namespace, target.name, target.uid, target.grace_s)
-            except ApiError as exc:
-                if exc.status == 404:
-                    continue  # already gone: what it held is free (or held, if the watch saw it go)
-                blocked = "a PodDisruptionBudget forbids it" if exc.status == 429 else str(exc)
-                self._stop(plan, [t for _, t in targets[i:]], "failed",
-                           f"evicting {target.namespace}/{target.name} failed: {blocked}")
+            evicted, refused = await self._evict(target)
+            if refused is not None:
+                self._stop(plan, [t for _, t in targets[i:]], "failed", refused)
                 return
+            if not evicted:
+                continue  # already gone: what it held is free (or held, if the watch saw it go)
             self.metrics.migrations.labels(reason=REASON, result="evicted").inc()
             self.recorder.record(
                 target.namespace, target.name, target.uid, "Normal", "Moved",
@@ -198,6 +188,31 @@ class Migrator:
                 + (f"; checkpoint grace {target.grace_s}s" if target.grace_s is not None else "")
                 + (f" ({CHECKPOINT_GRACE} asks {target.asked_s}s; capped at {target.grace_s}s)"
                    if target.asked_s is not None else ""))
+
+    async def _surges(self, targets: list[tuple[Move, Target]]) -> tuple[dict[str, Deployment], str | None]:
+        """The movers whose Deployment says surge (mover UID -> it), read before anything moves; with why
+        not when a read failed (the migration then stops)."""
+        surges: dict[str, Deployment] = {}
+        for _, target in targets:
+            entry = self.state.pods.get(target.uid)
+            try:
+                found = await self.surger.deployment_of(entry) if entry is not None else None
+            except ApiError as exc:
+                return surges, f"reading the Deployment of {target.namespace}/{target.name} failed: {exc}"
+            if found is not None:
+                surges[target.uid] = found
+        return surges, None
+
+    async def _evict(self, target: Target) -> tuple[bool, str | None]:
+        """Evict one mover: (evicted, why it was refused). Already gone (404) is (False, None)."""
+        try:
+            await self.preemptor.evict_pod(target.namespace, target.name, target.uid, target.grace_s)
+        except ApiError as exc:
+            if exc.status == 404:
+                return False, None
+            blocked = "a PodDisruptionBudget forbids it" if exc.status == 429 else str(exc)
+            return False, f"evicting {target.namespace}/{target.name} failed: {blocked}"
+        return True, None
 
     def carry_out_background(self, purpose: str, gathering: Gathering, live: Callable[[], bool]) -> None:
         """Start moving `gathering`'s tenants (background consolidation; each marked as moving for `purpose`
@@ -226,17 +241,10 @@ class Migrator:
                   f"{gathering.fragmentation_after / 1000:.2f} GPUs"
                   if gathering.fragmentation_before is not None and gathering.fragmentation_after is not None else "")
                + ")")
-        surges: dict[str, Deployment] = {}
-        for _, target in targets:
-            entry = self.state.pods.get(target.uid)
-            try:
-                found = await self.surger.deployment_of(entry) if entry is not None else None
-            except ApiError as exc:
-                self._stop_background(purpose, [t for _, t in targets], "failed",
-                                      f"reading the Deployment of {target.namespace}/{target.name} failed: {exc}")
-                return
-            if found is not None:
-                surges[target.uid] = found
+        surges, unread = await self._surges(targets)
+        if unread is not None:
+            self._stop_background(purpose, [t for _, t in targets], "failed", unread)
+            return
         targets = sorted(targets, key=lambda mt: mt[1].uid not in surges)
         for i, (move, target) in enumerate(targets):
             if not live():
@@ -255,15 +263,12 @@ class Migrator:
                     self._stop_background(purpose, [t for _, t in targets[i:]], *stopped)
                     return
                 continue
-            try:
-                await self.preemptor.evict_pod(target.namespace, target.name, target.uid, target.grace_s)
-            except ApiError as exc:
-                if exc.status == 404:
-                    continue
-                blocked = "a PodDisruptionBudget forbids it" if exc.status == 429 else str(exc)
-                self._stop_background(purpose, [t for _, t in targets[i:]], "failed",
-                                      f"evicting {target.namespace}/{target.name} failed: {blocked}")
+            evicted, refused = await self._evict(target)
+            if refused is not None:
+                self._stop_background(purpose, [t for _, t in targets[i:]], "failed", refused)
                 return
+            if not evicted:
+                continue
             self.metrics.migrations.labels(reason=BACKGROUND, result="evicted").inc()
             self.recorder.record(
                 target.namespace, target.name, target.uid, "Normal", "Moved",
