@@ -22,23 +22,36 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MEASURES = {  # name -> (path into a bench_cluster run, higher is better)
+GC_PAUSES = "gpupool_scheduler_gc_pause_seconds_total{generation="
+EVENTS_POSTED = "gpupool_scheduler_events_posted_total{outcome=posted,"
+Measure = tuple[str, ...] | Callable[[dict[str, Any]], float]
+MEASURES: dict[str, tuple[Measure, bool]] = {  # name -> (path into a bench_cluster run, or a function of
+    # the run; higher is better)
     "pods_per_s": (("pods_per_s",), True),
     "p50_ms": (("latency_ms", "p50"), False),
     "p99_ms": (("latency_ms", "p99"), False),
     "rss_peak_mib": (("rss_peak_mib",), False),
     "cpu_s": (("cpu_s", "scheduler"), False),
+    "main_thread_cpu_s": (("cpu_s", "scheduler_main_thread"), False),
+    # the collector's pauses (all generations) and the Events posted: a CPU difference between the sides may
+    # be garbage collection, or one side posting more of the Scheduled Events the other dropped
+    "gc_s": (lambda run: sum(v for k, v in run.get("metrics", {}).items() if k.startswith(GC_PAUSES)), False),
+    "events_posted": (lambda run: sum(v for k, v in run.get("metrics", {}).items()
+                                      if k.startswith(EVENTS_POSTED)), True),
 }
 
 
-def _get(run: dict[str, Any], path: tuple[str, ...]) -> float:
+def _get(run: dict[str, Any], path: Measure) -> float:
+    if callable(path):
+        return float(path(run))
     value: Any = run
     for key in path:
-        value = value[key]
+        value = value.get(key, 0.0) if isinstance(value, dict) else 0.0
     return float(value)
 
 
@@ -51,7 +64,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         per: dict[str, Any] = {}
         for measure, (path, _) in MEASURES.items():
             values = {side: [_get(r, path) for r in rs if r["mode"] == mode] for side, rs in runs.items()}
-            if not all(values.values()):
+            if not all(values.values()) or not any(x for v in values.values() for x in v):
                 continue
             median = {side: statistics.median(v) for side, v in values.items()}
             spread = max((max(v) / min(v) - 1) if min(v) > 0 else 0.0 for v in values.values())
