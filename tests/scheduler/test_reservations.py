@@ -176,3 +176,19 @@ def test_the_budget_and_the_cooldown() -> None:
     assert movers.budget_left() == 2
     default = Movers(state, DisruptionBudgets(), DefragConfig(), clock=clock)
     assert default.budget() == 1  # 1 % of 2 running GPU pods, at least 1
+
+
+def test_a_refused_surge_refunds_its_own_move_not_the_newest() -> None:
+    state, clock = world()
+    movers = Movers(state, DisruptionBudgets(), DefragConfig(per_hour=1, cooldown_s=60), clock=clock)
+    a, b = running(state, "n1"), running(state, "n1")
+    movers.carried_out([a])  # a surge for a's Deployment starts
+    clock.now += 100
+    movers.carried_out([b])
+    b_at = clock.now
+    clock.now += 100
+    movers.refuse("ReplicaSet/a-owner", refunded=a)  # a's surge was refused: nothing was disturbed
+    assert movers.budget_left() == 0
+    assert movers.budget_frees_at() == b_at + 3600.0  # when b's move leaves the hour, not a's (100 s earlier)
+    movers.refuse("ReplicaSet/b-owner")  # rolled back: it disturbed, so it still counts
+    assert movers.budget_frees_at() == b_at + 3600.0

@@ -263,7 +263,7 @@ class Defrag:
                 self.metrics.migrations.labels(reason=REASON, result=_RESULTS.get(outcome.result,
                                                                                   outcome.result)).inc()
             if outcome.result == "rolled_back":
-                self.movers.refuse(record.owner, refund=False)
+                self.movers.refuse(record.owner)
             self.queue.on_event(ClusterEvent.GPU_FREED)
 
 

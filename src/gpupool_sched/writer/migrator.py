@@ -59,8 +59,9 @@ class Migrator:
         self.surger = Surger(state, preemptor.api, timeout_s=surge_timeout_s)
         self.surger.on_extended = self._extended
         self.records: dict[str, tuple[PodPlan, MigrationRecord]] = {}  # blocked UID -> its record as written
-        # a controller not to surge again within the cooldown (refused, or rolled back); True: refund the move
-        self.on_refused: Callable[[str, bool], None] | None = None
+        # a controller not to surge again within the cooldown (refused, or rolled back), and the mover whose
+        # move is refunded (refused: nothing was disturbed) or None
+        self.on_refused: Callable[[str, str | None], None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.active: set[str] = set()  # background migrations whose tenants are still being moved
 
@@ -303,7 +304,7 @@ class Migrator:
                 f"{outcome.new} became Ready on node {outcome.node}")
             return None
         if outcome.result in ("refused", "rolled_back") and self.on_refused is not None:
-            self.on_refused(move.owner, outcome.result == "refused")
+            self.on_refused(move.owner, move.pod.uid if outcome.result == "refused" else None)
         self.recorder.record(target.namespace, target.name, target.uid, "Normal", "NotMoved",
                              f"Not moved off node {move.pod.node} by background consolidation: {outcome.why}")
         return outcome.result, f"moving {target.namespace}/{target.name} by surge: {outcome.why}"
@@ -352,7 +353,8 @@ class Migrator:
                 f"{target.namespace}/{target.name} goes")
             return None
         if outcome.result in ("refused", "rolled_back") and self.on_refused is not None:
-            self.on_refused(move.owner, outcome.result == "refused")  # a rolled back surge disturbed: it counts
+            # a rolled back surge disturbed: it counts
+            self.on_refused(move.owner, move.pod.uid if outcome.result == "refused" else None)
         self.recorder.record(target.namespace, target.name, target.uid, "Normal", "NotMoved",
                              f"Not moved off node {migration.node} for {plan.key}: {outcome.why}")
         return outcome.result, f"moving {target.namespace}/{target.name} by surge: {outcome.why}"

@@ -304,15 +304,16 @@ class Movers:
             return None
         return self.moves[len(self.moves) - self.budget()] + 3600.0
 
-    def refuse(self, owner: str, refund: bool = True) -> None:
+    def refuse(self, owner: str, refunded: str | None = None) -> None:
         """A surge of `owner`'s Deployment was refused before anything was written (an HPA scales it, a
         rollout was under way), or rolled back (its new replica not Ready in time): none of its pods is
-        planned as a mover within the cooldown. `refund`: the move does not count on the budget (nothing
-        was disturbed)."""
+        planned as a mover within the cooldown. `refunded`: the mover whose move does not count on the
+        budget (refused: nothing was disturbed); its own move, not the newest."""
         now = self.clock()
         self.refused[owner] = now
-        if refund and self.moves:
-            self.moves.pop()
+        at = self.counted.get(refunded) if refunded is not None else None  # stays counted: never read back in
+        if at is not None and at in self.moves:
+            self.moves.remove(at)
         for key in [k for k, at in self.refused.items() if now - at >= self.config.cooldown_s]:
             del self.refused[key]
 
