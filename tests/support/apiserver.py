@@ -137,9 +137,13 @@ class ApiServer:
         if request.method == "GET" and len(parts) == 7:
             self.reads += 1
             return web.json_response(obj)
-        if request.method == "PATCH" and len(parts) == 7:  # a merge patch of an object's labels and annotations
-            meta = (self.written[-1][2].get("metadata") or {})
+        if request.method == "PATCH" and len(parts) == 7:  # a merge patch of labels, annotations, spec fields
+            body = self.written[-1][2]
+            meta = (body.get("metadata") or {})
+            if meta.get("resourceVersion") not in (None, obj["metadata"]["resourceVersion"]):
+                return web.json_response({"kind": "Status", "reason": "Conflict", "message": "modified"}, status=409)
             patched = copy.deepcopy(obj)
+            patched.setdefault("spec", {}).update(body.get("spec") or {})
             for field in ("annotations", "labels"):
                 values = patched["metadata"].setdefault(field, {})
                 for k, v in (meta.get(field) or {}).items():

@@ -1,7 +1,7 @@
 """One scheduling cycle: a job (a pod, or a gang's members) in, a committed statement out.
 
 The cycle opens a session for the job (`framework.session`) and runs the actions in their declared
-order (`framework.actions`: allocate, consolidate, preempt, reclaim), each asking the pure placement core and
+order (`framework.actions`: allocate, give-back, consolidate, preempt, reclaim), each asking the pure placement core and
 recording what it decides as a statement (`framework.statement`): placements assumed, or victims marked
 and members nominated. `schedule` / `schedule_gang` decide inline (the simulator's and the tests' way);
 the service drives the same steps with eviction planning on a worker thread (`drive_offloaded`).
@@ -43,6 +43,7 @@ class CycleResult:
     stale: bool = False  # an off-loop plan no longer held when it came back: nothing done, try again
     migration: Consolidation | None = None  # the statement's evictions move pods for it (consolidate)
     deferred: Consolidation | None = None  # a move would place it later: nothing done, no preemption now
+    give_back: bool = False  # the evictions are borrowed replicas given back (give-back: a scale-down)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,7 @@ class GangResult:
     blocked_by_budget: GangPreemption | None = None  # needs victims a PodDisruptionBudget protects: waits
     reclaim: bool = False  # the evictions take back borrowed quota (victims of any priority)
     stale: bool = False  # an off-loop plan no longer held when it came back: nothing done, try again
+    give_back: bool = False  # the evictions are borrowed replicas given back (give-back: a scale-down)
 
 
 class Cycle:
@@ -111,7 +113,7 @@ class Cycle:
     def decide(self, plans: list[PodPlan], need: int, *, gang: bool, running: Candidates | None = None,
                reclaim: Candidates | None = None, offload: bool = False,
                movable: Movers | None = None, max_movers: int | None = None,
-               moves_later: bool = False) -> Steps[CycleResult | GangResult]:
+               moves_later: bool = False, borrowed: Candidates | None = None) -> Steps[CycleResult | GangResult]:
         """The steps of one decision, for a driver: `schedule` / `schedule_gang` run them inline, the
         service with eviction planning on a worker thread (`offload`). `movable`: the pods a lone pod may
         move out of its way (consolidate; at most `max_movers`, default the cycle's); None: none.
@@ -119,6 +121,7 @@ class Cycle:
         session = self.session(plans, need, gang=gang, running=running, reclaim=reclaim, offload=offload,
                                movable=movable)
         session.moves_later = moves_later
+        session.borrowed = borrowed  # borrowed replicas it may take back (give-back)
         if max_movers is not None:
             session.max_movers = max_movers
         outcome = yield from self.run(session)
@@ -154,7 +157,7 @@ def pod_result(session: Session, outcome: Outcome) -> CycleResult:
     assert not isinstance(preemption, GangPreemption) and not isinstance(blocked, GangPreemption)
     return CycleResult(plan, outcome.statement, unschedulable, session.seconds, preemption,
                        outcome.reclaim and preemption is not None, blocked, outcome.stale, outcome.migration,
-                       outcome.deferred)
+                       outcome.deferred, give_back=outcome.give_back)
 
 
 def gang_result(session: Session, outcome: Outcome) -> GangResult:
@@ -163,4 +166,4 @@ def gang_result(session: Session, outcome: Outcome) -> GangResult:
     preemption, blocked = outcome.preemption, outcome.blocked_by_budget
     assert not isinstance(preemption, Preemption) and not isinstance(blocked, Preemption)
     return GangResult(outcome.statement, unschedulable, session.seconds, preemption, blocked,
-                      outcome.reclaim and preemption is not None, outcome.stale)
+                      outcome.reclaim and preemption is not None, outcome.stale, give_back=outcome.give_back)

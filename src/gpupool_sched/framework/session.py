@@ -81,6 +81,7 @@ class Outcome:
     # a move would place the job but it may not move pods yet (`Session.moves_later`): nothing done, and
     # no preemption either (moving is tried first); it is tried again once it may
     deferred: Consolidation | None = None
+    give_back: bool = False  # the evictions are borrowed replicas given back (scale-down, not eviction)
 
 
 @dataclass
@@ -104,6 +105,7 @@ class Session:
     seconds: float = 0.0  # time in the placement core
     unschedulable: Unschedulable | GangUnschedulable | None = None  # why allocate found no room
     moves_later: bool = False  # `movable` is for a look only: the job has not waited --defrag-after yet
+    borrowed: Candidates | None = None  # borrowed replicas the job may take back (give-back); None: none
 
     @property
     def priority(self) -> int:

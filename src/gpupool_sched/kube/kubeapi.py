@@ -283,6 +283,13 @@ class KubeApi:
                          {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": replicas}},
                          MERGE_PATCH)
 
+    async def set_autoscaler_max(self, namespace: str, name: str, max_replicas: int, resource_version: str) -> None:
+        """A HorizontalPodAutoscaler's spec.maxReplicas (elastic inference lends room through it), only if
+        the HPA is still at `resource_version` (409 otherwise)."""
+        await self.write("PATCH", autoscalers_path(namespace) + "/" + quote(name, safe=""),
+                         {"metadata": {"resourceVersion": resource_version}, "spec": {"maxReplicas": max_replicas}},
+                         MERGE_PATCH)
+
     async def mark_replica_set(self, namespace: str, name: str, annotations: Mapping[str, str | None],
                                labels: Mapping[str, str | None]) -> None:
         """Merge-patch a ReplicaSet's annotations and labels (None removes one), e.g. a surge's record (on

@@ -29,8 +29,9 @@ from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.consolidation import Movable
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
-from gpupool_sched.placement.preemption import Preemption
+from gpupool_sched.placement.preemption import Preemption, RunningPod
 from gpupool_sched.scheduler.defrag import Defrag
+from gpupool_sched.scheduler.elastic import Elastic
 from gpupool_sched.writer.binder import Binder
 from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder, says_unschedulable
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 # what may help a pod that fit nowhere (kube-scheduler's queueing hints)
 UNSCHEDULABLE_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED, ClusterEvent.GPU_FREED,
                        ClusterEvent.BUDGET_RELAXED)
+LOANS = "borrowed by an elastic Deployment (given back)"  # why give-back's replicas go, in messages
 NOT_YET_HINTS = (ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED)  # unknown model / profile, too big a share
 
 
@@ -58,6 +60,7 @@ class Scheduling:
     pending: dict[str, PodInfo]  # uid -> latest event of our pending pods, read once
     observe: Callable[[str, PodRequest], None]  # a request into the workload profile
     defrag: Defrag | None = None  # the consolidate action's movers, budgets and migrator (None: off)
+    elastic: Elastic | None = None  # elastic Deployments: borrowed replicas (give-back; None: off)
 
     def schedule_one(self, item: QueuedPod) -> None:
         """Decide for the popped pod's job, eviction planning inline."""
@@ -149,6 +152,7 @@ class Scheduling:
                 f"{job.group.min_member} (minMember) that must start together"))
             return
         preempts = all(may_preempt(self.pending[p.uid].obj, self.state.non_preempting_classes) for p in job.plans)
+        borrowed, preempts = self._loans(job, preempts)
         # a lone pod placed away from its holds wakes the queue (they went back to the pool); a gang's
         # members do not, as before the redesign (tests/data/decisions records it)
         nominated = {} if job.gang else {p.uid: n for p in job.plans if (n := self.state.nominations.get(p.uid))}
@@ -158,7 +162,8 @@ class Scheduling:
                    if preempts and self.quotas.may_reclaim(job.plans[0].namespace) else None)
         movable, most, not_moved, later = self._movers(job, preempts)
         result = yield from self.cycle.decide(job.plans, job.need, gang=job.gang, running=victims, reclaim=reclaim,
-                                              offload=offload, movable=movable, max_movers=most, moves_later=later)
+                                              offload=offload, movable=movable, max_movers=most, moves_later=later,
+                                              borrowed=borrowed)
         self.metrics.algorithm_latency.observe(result.seconds)
         if result.stale:  # the cluster moved while the plan was computed off the loop: try again soon
             for item in job.items:
@@ -177,6 +182,11 @@ class Scheduling:
             self.defrag.planned(job.plans[0], migration)
             self._unschedulable(job, job.says(result.unschedulable.message if result.unschedulable else "") +
                                 f"; moving {len(migration.moves)} pod(s) off {migration.node} to make room")
+            return
+        if result.give_back and self.elastic is not None and result.statement is not None:
+            for member, eviction in result.statement.evictions:
+                self.elastic.carry_out(member, eviction)
+            self._unschedulable(job, self._failure(job, result, LOANS))
             return
         if result.statement is None or result.preemption is not None:
             why = eviction_reason(result.reclaim, verdict.quota if verdict is not None else None)
@@ -211,6 +221,20 @@ class Scheduling:
             self.gangs.scheduled(job.key)
             log.info("PodGroup %s: %d member(s) placed together on %s", job.key, len(bound),
                      ", ".join(sorted({p.node for _, p in placements})))
+
+    def _loans(self, job: Job, preempts: bool) -> tuple[Callable[[], list[RunningPod]] | None, bool]:
+        """Elastic inference: (the borrowed replicas the job may take back, whether it may still preempt).
+        A borrowed replica itself takes nothing back and preempts, moves and reclaims nothing: free GPUs only."""
+        elastic = self.elastic
+        if elastic is None or not elastic.targets:
+            return None, preempts
+        if not job.gang:
+            plan = job.plans[0]
+            labels = ((self.pending[plan.uid].obj.get("metadata") or {}).get("labels") or {}
+                      if plan.uid in self.pending else {})
+            if elastic.borrowing(plan, labels):
+                return None, False
+        return elastic.candidates, preempts
 
     def _movers(self, job: Job, preempts: bool) -> tuple[Callable[[], list[Movable]] | None, int | None, str | None,
                                                          bool]:

@@ -49,11 +49,13 @@ from gpupool_sched.placement.candidates import (
 )
 from gpupool_sched.scheduler.defrag import PURPOSE as BACKGROUND_PURPOSE
 from gpupool_sched.scheduler.defrag import Defrag
+from gpupool_sched.scheduler.elastic import Elastic, ElasticConfig, ElasticMetrics
 from gpupool_sched.scheduler.gang_upkeep import GangUpkeep
 from gpupool_sched.scheduler.gauges import Gauges
 from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
 from gpupool_sched.scheduler.scheduling import Scheduling
 from gpupool_sched.writer.binder import Binder, BindOutcome
+from gpupool_sched.writer.elastic import ElasticWriter
 from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder
 from gpupool_sched.writer.status import StatusWriter
@@ -93,6 +95,7 @@ class SchedulerConfig:
     consistency_check_s: float = 300.0  # a re-list of every watched kind that repairs what the watch missed
     defrag: DefragConfig = field(default_factory=DefragConfig)  # the consolidate action (docs/defragmentation.md)
     freeze_gc: bool = False  # the process's own (CLI): gc.freeze() after the first sync
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)  # elastic inference (docs/idle-and-elastic.md)
 
 
 def _created(obj: dict[str, Any]) -> float:
@@ -158,13 +161,17 @@ class SchedulerService:
                                    self.metrics, self.recorder)
         self.defrag.policy, self.defrag.hold_s = self.cycle.policy, self.cycle.hold_s  # background consolidation
         self.defrag.profile = self.policies.profile.profile
+        self.elastic = Elastic(config.elastic, self.state, self.queue,
+                               ElasticWriter(self.state, api, self.queue, self.recorder),
+                               ElasticMetrics(self.metrics.registry), self.cycle.policy)
         self.informers = Informers(api, self._watched_kinds(), registry=self.metrics.registry,
                                    consistency_check_s=config.consistency_check_s)
         self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
         self.decisions = 0
         self.scheduling = Scheduling(self.state, self.queue, self.cycle, self.quotas, self.gangs, self.budgets,
                                      self.binder, self.preemptor, self.recorder, self.metrics, self._pending,
-                                     self.policies.observe, self.defrag)
+                                     self.policies.observe, self.defrag,
+                                     elastic=self.elastic if config.elastic.enabled else None)
         self.statuses = StatusWriter(api)  # GpuQuota and PodGroup status
         self.gang_upkeep = GangUpkeep(self.state, self.gangs, self.statuses, self.preemptor, self.recorder,
                                       self.metrics, lambda: self.leader.is_leader, self._spawn, self._wake_gang,
@@ -225,6 +232,7 @@ class SchedulerService:
             *quota_kinds(self.quotas, quota_changed),
             # which Jobs tolerate a disruption (their pods may move): only the consolidate action asks
             *([job_kind(self.defrag.movers)] if self.config.defrag.enabled else []),
+            *(self.elastic.kinds() if self.config.elastic.enabled else []),  # elastic Deployments and their HPAs
             WatchedKind("nodes", "/api/v1/nodes", self.on_node),
             WatchedKind("pods", "/api/v1/pods", self.on_pod),
         ]
@@ -233,6 +241,7 @@ class SchedulerService:
         await stop_syncing(self.informers, self._tasks)
         await self.binder.drain()
         await self.preemptor.drain()
+        await self.elastic.writer.drain()
         await self.leader.release()
         await self.recorder.stop()
         self._gc_pauses.remove()
@@ -270,10 +279,12 @@ class SchedulerService:
         update = self.state.apply_pod(info, deleted=kind == "DELETED")
         self.gang_upkeep.track(uid, obj, kind == "DELETED")
         self.defrag.observe(uid, obj, kind == "DELETED")
+        self.elastic.observe(uid, obj, kind == "DELETED")
         if update.gone:
             self._pending.pop(uid, None)
             self.queue.delete(uid)
             self.defrag.forget(uid)
+            self.elastic.forget(uid)
             entry = self.state.pods.get(uid)
             if entry is not None and not entry.ours:
                 self.policies.observe(uid, entry.request)
@@ -364,6 +375,7 @@ class SchedulerService:
         if outcome.ok:
             self.queue.done(item.uid)
             self.defrag.placed(plan.uid)
+            self.elastic.bound(plan.uid)
             self.recorder.scheduled(plan.namespace, plan.name, plan.uid, outcome.node)
         else:
             self.gang_upkeep.bind_failed(outcome)
@@ -395,6 +407,8 @@ class SchedulerService:
                 self.defrag.lead(self.leader.is_leader)  # surges a failover or a restart left unfinished
                 if self.leader.is_leader and self.state.abandon_unstarted():
                     self.queue.on_event(ClusterEvent.GPU_FREED)  # a failed-over plan's unevicted movers stay
+                if self.config.elastic.enabled:  # lend replicas on free GPUs (leader only), the tier gauges
+                    self.elastic.tick(self.leader.is_leader and not self.informers.stale, self._waiting_for_gpus())
                 self.gang_upkeep.write_status()
                 self.gang_upkeep.release_broken()
                 if self.leader.is_leader:

@@ -2,6 +2,8 @@
 
     allocate     place the job as things are (decide / place_gang), a preemptor's holds its own and a
                  replacement's reservation its own
+    give-back    take back borrowed replicas of elastic Deployments (a scale-down, cheapest first, never
+                 below their min), whatever their priority: ending a loan is cheaper than moving or killing
     consolidate  move running pods of no higher priority so that a lone pod fits (every mover with a
                  destination held before it is evicted): moving is cheaper than killing
     preempt      evict pods of lower priority than every member (kube-scheduler's DefaultPreemption)
@@ -17,13 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpupool_sched.framework.actions import allocate, consolidate, preempt, reclaim
+from gpupool_sched.framework.actions import allocate, consolidate, give_back, preempt, reclaim
 from gpupool_sched.framework.session import Outcome, Session, Steps
 
 Action = Callable[[Session], Steps[Outcome | None]]
 
 ACTIONS: tuple[tuple[str, Action], ...] = (
     (allocate.NAME, allocate.run),
+    (give_back.NAME, give_back.run),
     (consolidate.NAME, consolidate.run),
     (preempt.NAME, preempt.run),
     (reclaim.NAME, reclaim.run),
