@@ -72,7 +72,10 @@ NOT_EXERCISED: dict[str, dict[tuple[str, str, str], str]] = {
         ("apps", "replicasets", "patch"): "surge: its record on the mover's ReplicaSet (gpupool.io/surge)",
         # a leader's look for surges left unfinished (only with --defrag on, and it may not have come yet)
         ("apps", "replicasets", "list"): "surge: the ReplicaSets labelled gpupool.io/surging",
-        ("autoscaling", "horizontalpodautoscalers", "list"): "surge: an HPA owns the count",
+        # elastic inference with an HPA on the Deployment only: its maxReplicas read and moved; proven in
+        # tests/scheduler/test_elastic.py (HPAs are listed and watched in every run)
+        ("autoscaling", "horizontalpodautoscalers", "get"): "elastic: the HPA's maxReplicas, read",
+        ("autoscaling", "horizontalpodautoscalers", "patch"): "elastic: the HPA's maxReplicas, lent and lowered",
         ("", "pods", "patch"): "surge's pod-deletion-cost; a migration's record of its holds on the blocked pod",
     },
     "deviceplugin": {},

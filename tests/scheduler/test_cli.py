@@ -41,6 +41,8 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     (["--preemption-search-budget-ms", "0"], "must be positive"),
     (["--kubeconfig", "/dev/null", "--preemption-min-candidate-nodes-percentage", "0",
       "--preemption-min-candidate-nodes-absolute", "0"], "cannot both be 0"),
+    (["--elastic", "maybe"], "invalid choice"),
+    (["--elastic-no-flap", "-1"], "must be"),
 ])
 def test_bad_flags(args: list[str], words: str) -> None:
     assert words in one_error_line(run(*args))

@@ -111,6 +111,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="UTC; may wrap midnight (22:00-06:00); equal ends: all day")
     p.add_argument("--defrag-background-quiet", type=cli_args.non_negative(float), default=600.0,
                    metavar="SECONDS", help="idle: no GPU pod has waited for this long")
+    p.add_argument("--elastic", choices=("on", "off"), default="on",
+                   help="elastic inference: Deployments annotated gpupool.io/elastic-min/-max borrow free GPUs "
+                        "and give them back (docs/idle-and-elastic.md#elastic-inference); needs to list and watch "
+                        "Deployments and HorizontalPodAutoscalers")
+    p.add_argument("--elastic-no-flap", type=cli_args.non_negative(float), default=300.0, metavar="SECONDS",
+                   help="a Deployment that gave replicas back is not lent one again within this")
     cli_args.add_consistency_check(p, see="; docs/scheduler.md#guarantees-under-faults")
     cli_args.add_log_level(p)
 
@@ -127,6 +133,7 @@ def _window(text: str) -> tuple[int, int]:
 def run(args: argparse.Namespace) -> int:
     from gpupool_sched.framework.plugins.movers import DefragConfig
     from gpupool_sched.kube.connection import connect
+    from gpupool_sched.scheduler.elastic import ElasticConfig
     from gpupool_sched.scheduler.service import SchedulerConfig
 
     cli_args.start_server_process(args.log_level)
@@ -169,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         consistency_check_s=args.consistency_check_interval,
         defrag=defrag,
         freeze_gc=True,
+        elastic=ElasticConfig(enabled=args.elastic == "on", no_flap_s=args.elastic_no_flap),
     )
     logging.getLogger(__name__).info("API server %s (%s); scheduler %s, identity %s",
                                      host, version, args.scheduler_name, identity)
