@@ -12,6 +12,7 @@ from kubernetes import client
 from gpupool_sched.framework.plugins.movers import DefragConfig
 from gpupool_sched.kube.kubeapi import KubeApi
 from gpupool_sched.kube.watch import NoDiffBase, build_registry
+from gpupool_sched.scheduler.elastic import ElasticConfig
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
 from gpupool_sched.writer.recorder import EventRecorder
 
@@ -27,7 +28,8 @@ def test_watch_handlers_are_coroutines(service: SchedulerService) -> None:
     registry = build_registry(service)
     handlers = list(registry._watching.get_all_handlers())
     assert {h.selector.any_name for h in handlers if h.selector is not None} == {
-        "pods", "nodes", "priorityclasses", "poddisruptionbudgets", "podgroups", "gpuquotas", "namespaces", "jobs"}
+        "pods", "nodes", "priorityclasses", "poddisruptionbudgets", "podgroups", "gpuquotas", "namespaces", "jobs",
+        "deployments", "horizontalpodautoscalers"}
     for h in handlers:
         assert inspect.iscoroutinefunction(h.fn), f"{h.id} would run on kopf's thread pool"
     assert not list(registry._changing.get_all_handlers()), "on.create/update/delete store state on objects"
@@ -42,6 +44,14 @@ def test_jobs_are_watched_only_while_defragmentation_is_on() -> None:
     assert "jobs" not in off.informers.kinds
     handlers = list(build_registry(off)._watching.get_all_handlers())
     assert "jobs" not in {h.selector.any_name for h in handlers if h.selector is not None}
+
+
+def test_deployments_and_hpas_are_watched_only_while_elastic_inference_is_on() -> None:
+    """Only elastic inference reads Deployments and HPAs: with `--elastic off` the scheduler neither lists
+    nor watches them (and the chart grants nothing more on them)."""
+    off = SchedulerService(SchedulerConfig(elastic=ElasticConfig(enabled=False)),
+                           KubeApi(client.ApiClient(client.Configuration())))
+    assert not {"deployments", "horizontalpodautoscalers"} & set(off.informers.kinds)
 
 
 def test_startup_drops_kopfs_diff_base(service: SchedulerService) -> None:
