@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 from gpupool_sched.framework.plugins.elastic import DEFAULT_NO_FLAP_S
+from gpupool_sched.scheduler.elastic import UNPLACED_S
 from gpupool_sched.scheduler.service import SchedulerService
 from tests.support.apiserver import NODES, ApiServer
 from tests.support.defrag_service import add, events, evictions, run_queue, with_service
@@ -246,5 +247,42 @@ def test_bad_annotations_are_told_on_the_deployment_once_and_it_is_left_alone() 
         assert len(told) == 1
         assert "gpupool.io/elastic-max: 2 is below gpupool.io/elastic-min (3)" in told[0]["message"]
         assert scale_writes(server) == []
+
+    asyncio.run(with_service(test))
+
+
+def test_a_lent_replica_that_finds_no_free_gpu_is_taken_back_after_a_minute() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        now = [1000.0]
+        service.queue.clock = lambda: now[0]
+        nodes(service, server, "n1")
+        put_deployment(service, server, deployment_obj(replicas=3))  # lent one; its GPU was taken meanwhile
+        for i in range(2):
+            add(service, server, replica(service, "n1", i, started=start(i)))
+        await tick(service)
+        now[0] += UNPLACED_S - 1
+        await tick(service)
+        assert scale_writes(server) == []
+        now[0] += 1
+        await tick(service)
+        assert scale_writes(server) == [("llm", 2)]
+        assert "found no free GPU" in events(server, "ElasticGaveBack")[0]["message"]
+        assert not service.elastic.flap.may_grow("ns/llm", now[0]), "a give-back for the no-flap window"
+
+    asyncio.run(with_service(test))
+
+
+def test_a_deleted_deployment_leaves_no_tier_series() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        nodes(service, server, "n1")
+        stored = put_deployment(service, server, deployment_obj(replicas=2))
+        for i in range(2):
+            add(service, server, replica(service, "n1", i, started=start(i)))
+        await tick(service)
+        assert metric(service, "gpupool_scheduler_elastic_replicas", namespace="ns", deployment="llm",
+                      tier="guaranteed") == 2
+        service.elastic.on_deployment("DELETED", stored)
+        labels = {"namespace": "ns", "deployment": "llm", "tier": "guaranteed"}
+        assert service.metrics.registry.get_sample_value("gpupool_scheduler_elastic_replicas", labels) is None
 
     asyncio.run(with_service(test))

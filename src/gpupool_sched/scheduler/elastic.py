@@ -12,6 +12,7 @@ HPA's maxReplicas by one (up to `max`) once the HPA uses all it was lent, and th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 DEPLOYMENTS = "/apis/apps/v1/deployments"
 AUTOSCALERS = "/apis/autoscaling/v2/horizontalpodautoscalers"
+UNPLACED_S = 60.0  # a lent replica that found no free GPU for this long is taken back (the count lowered)
 _HANDOVER_BUCKETS = (1, 2.5, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600)
 
 
@@ -104,6 +106,7 @@ class Elastic:
     reported: dict[str, str] = field(default_factory=dict)  # Deployment -> the annotation problem told
     writing: set[str] = field(default_factory=set)  # Deployments with a count write under way
     handing: dict[str, float] = field(default_factory=dict)  # waiting pod UID -> clock of its give-back
+    short: dict[str, float] = field(default_factory=dict)  # Deployment -> clock since it runs fewer than asked
     flap: FlapGuard = field(default_factory=FlapGuard)
 
     def __post_init__(self) -> None:
@@ -126,8 +129,7 @@ class Elastic:
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         annotations = meta.get("annotations") or {}
         if kind == "DELETED":
-            self.targets.pop(key, None)
-            self.reported.pop(key, None)
+            self._forget_target(key)
             return
         try:
             spec = parse_elastic(annotations)
@@ -135,7 +137,7 @@ class Elastic:
         except InvalidElastic as exc:
             spec, problem = None, str(exc)
         if spec is None and problem is None:
-            self.targets.pop(key, None)
+            self._forget_target(key)
             return
         replicas = (obj.get("spec") or {}).get("replicas", 1)
         self.targets[key] = Target(str(meta.get("namespace", "")), str(meta.get("name", "")),
@@ -149,6 +151,15 @@ class Elastic:
                               f"{problem}; the Deployment is left as it is")
         elif problem is None:
             self.reported.pop(key, None)
+
+    def _forget_target(self, key: str) -> None:
+        target = self.targets.pop(key, None)
+        self.reported.pop(key, None)
+        self.short.pop(key, None)
+        if target is not None:
+            for tier in ("guaranteed", "borrowed"):
+                with contextlib.suppress(KeyError):
+                    self.metrics.replicas.remove(target.namespace, target.name, tier)
 
     def on_autoscaler(self, kind: str | None, obj: Mapping[str, Any]) -> None:
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
@@ -269,8 +280,12 @@ class Elastic:
                 continue
             hpa = self.hpas.get(key)
             count = len(entries)
+            if count < target.replicas and count >= target.spec.minimum:
+                self._unplaced(target, count, now)
+                continue  # a replica is pending (or going)
+            self.short.pop(key, None)
             if count != target.replicas or count >= target.spec.maximum:
-                continue  # a replica is pending or going, or at max
+                continue  # a replica is going, or at max
             if hpa is None and target.spec.wants(target.annotations, count) <= count:
                 continue
             if hpa is not None and self.hpa_max.get(key, 0) > count:
@@ -278,6 +293,35 @@ class Elastic:
             if not self._fits(entries[0]):
                 continue
             self._grow(target, count, hpa)
+
+    def _unplaced(self, target: Target, count: int, now: float) -> None:
+        """The Deployment runs `count` (at least min) of the replicas it asks for: a borrowed replica that
+        found no free GPU within UNPLACED_S is taken back (the count lowered to what runs; the ReplicaSet
+        removes an unscheduled pod first). Counts as a give-back for the no-flap window."""
+        key = target.key
+        since = self.short.setdefault(key, now)
+        if now - since < UNPLACED_S or self.hpas.get(key) is not None:
+            return
+        self.short.pop(key, None)
+        self.writing.add(key)
+        self.flap.gave_back(key, now)
+
+        async def lower() -> None:
+            try:
+                done = await self.writer.scale(target.namespace, target.name,
+                                               lambda now_: count if now_ > count else None)
+            except ApiError as exc:
+                log.warning("Deployment %s: taking back an unplaced replica failed: %s", key, exc)
+                return
+            finally:
+                self.writing.discard(key)
+            if done is not None:
+                self.metrics.scaled.labels(direction="down").inc()
+                self.writer.event(target.namespace, target.name, target.uid, "Normal", "ElasticGaveBack",
+                                  f"Took back borrowed replica(s) that found no free GPU within {UNPLACED_S:.0f}s; "
+                                  f"replicas to {done}")
+
+        self.writer.spawn(lower())
 
     def _fits(self, like: PodEntry) -> bool:
         """One more replica like `like` fits on free GPUs now."""
