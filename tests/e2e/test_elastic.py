@@ -13,6 +13,7 @@ is lent after it. The window at its default (300 s): tests/scheduler/test_elasti
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -195,3 +196,53 @@ def test_an_elastic_deployment_grows_on_idle_gpus_and_gives_four_back_to_a_train
         time.sleep(0.5)
     wait_until(lambda: spec_replicas(apps, namespace) > MIN, 30, "a replica lent again after the window")
     print(f"lent again {time.monotonic() - asked:.1f}s after the gang asked (window {NO_FLAP_S:.0f}s)")
+
+
+def test_with_an_hpa_gpupool_moves_only_its_max_replicas_and_the_two_do_not_fight(
+    kube: ClusterClient, namespace: str, scheduler: SchedulerProcess, controller_manager: None,
+) -> None:
+    """The HPA contract on the real control plane: an HPA (cpu target; no metrics server here, so its
+    controller never scales by metrics, only clamps to its bounds) scales `llm`. gpupool lends by raising
+    the HPA's maxReplicas one at a time, never the count; the test scales the count within the lent bound as
+    the HPA would. A pod needing 2 GPUs makes gpupool lower maxReplicas and the count to 2 together; for 20 s
+    (more than the HPA controller's 15 s sync) neither moves again."""
+    name = unique("elastic-hpa")
+    nodes = add_pool_nodes(kube, name, "l40s-pcie", 2)
+    apps = client.AppsV1Api(kube.api_client)
+    autoscaling = client.AutoscalingV2Api(kube.api_client)
+    try:
+        kube.core.create_namespaced_pod(namespace, pod("other", scheduler.name, name, gpus=4))
+        template = pod("unused", scheduler.name, name, gpus=1)
+        template["spec"]["terminationGracePeriodSeconds"] = 1
+        deployment(kube, namespace, "llm", 2, template, {"gpupool.io/elastic-min": "2", "gpupool.io/elastic-max": "4"})
+        autoscaling.create_namespaced_horizontal_pod_autoscaler(namespace, {
+            "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "llm"},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm"},
+                     "minReplicas": 2, "maxReplicas": 2,
+                     "metrics": [{"type": "Resource", "resource": {
+                         "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}}]}})
+
+        def hpa_max() -> int:
+            return int(autoscaling.read_namespaced_horizontal_pod_autoscaler("llm", namespace).spec.max_replicas)
+
+        for lent in (3, 4):
+            wait_until(lambda lent=lent: hpa_max() == lent, 60, f"the HPA's maxReplicas lent to {lent}")
+            assert spec_replicas(apps, namespace) == lent - 1, "gpupool never raises the count an HPA owns"
+            apps.patch_namespaced_deployment_scale("llm", namespace, {"spec": {"replicas": lent}})  # as the HPA
+            wait_until(lambda lent=lent: sum(1 for p in replicas_of(kube, namespace) if ready(p)) == lent, 60,
+                       f"{lent} Ready replicas")
+        kube.core.create_namespaced_pod(namespace, pod("train", scheduler.name, name, gpus=2))
+        wait_until(lambda: any(p["metadata"]["name"] == "train" and bound(p) for p in list_pods(kube, namespace)),
+                   60, "the training pod bound")
+        assert hpa_max() == 2 and spec_replicas(apps, namespace) == 2
+        until = time.monotonic() + 20
+        while time.monotonic() < until:
+            assert (hpa_max(), spec_replicas(apps, namespace)) == (2, 2), "the HPA and gpupool fight"
+            time.sleep(1)
+    finally:
+        with contextlib.suppress(ApiException):
+            autoscaling.delete_namespaced_horizontal_pod_autoscaler("llm", namespace)
+        with contextlib.suppress(ApiException):
+            apps.delete_namespaced_deployment("llm", namespace)
+        kube.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        kube.delete_nodes(nodes)
