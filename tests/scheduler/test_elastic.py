@@ -38,7 +38,7 @@ def start(i: int) -> str:
 
 
 async def tick(service: SchedulerService) -> None:
-    service.elastic.tick(True, False)
+    service.elastic.tick(True, lambda: False)
     await service.elastic.writer.drain()
     await service.recorder.flush()
 
@@ -259,12 +259,26 @@ def test_a_lent_replica_that_finds_no_free_gpu_is_taken_back_after_a_minute() ->
         put_deployment(service, server, deployment_obj(replicas=3))  # lent one; its GPU was taken meanwhile
         for i in range(2):
             add(service, server, replica(service, "n1", i, started=start(i)))
-        await tick(service)
+        for i in range(2):
+            add(service, server, pod_obj(f"took-{i}", gpus=1, node="n1", phase="Running"))
+        pending = replica(service, "n1", 0, started=start(5))
+        pending["spec"].pop("nodeName")
+        pending["metadata"]["annotations"] = {}
+        add(service, server, pending)
+        await run_queue(service, rounds=2)
+        assert service._waiting_for_gpus(), "the lent replica waits in the queue"
+
+        async def tick_waiting() -> None:
+            service.elastic.tick(True, service._waiting_for_gpus)
+            await service.elastic.writer.drain()
+            await service.recorder.flush()
+
+        await tick_waiting()
         now[0] += UNPLACED_S - 1
-        await tick(service)
+        await tick_waiting()
         assert scale_writes(server) == []
         now[0] += 1
-        await tick(service)
+        await tick_waiting()
         assert scale_writes(server) == [("llm", 2)]
         assert "found no free GPU" in events(server, "ElasticGaveBack")[0]["message"]
         assert not service.elastic.flap.may_grow("ns/llm", now[0]), "a give-back for the no-flap window"

@@ -262,14 +262,17 @@ class Elastic:
         self.handing.pop(uid, None)
 
     # ---- grow (housekeeping) --------------------------------------------------------------------------
-    def tick(self, leading: bool, waiting: bool) -> None:
-        if not self.config.enabled:
+    def tick(self, leading: bool, waiting: Callable[[], bool]) -> None:
+        """Housekeeping: the tier gauges; while leading, one step of growth (or an unplaced replica taken
+        back) per elastic Deployment. `waiting()`: a pod waits for GPUs (asked only when a step may follow)."""
+        if not self.config.enabled or not self.targets:
             return
         replicas = self._replicas()
         self._gauges(replicas)
-        if not leading or waiting:
+        if not leading:
             return
         now = self.queue.clock()
+        calm: bool | None = None  # no pod waits for GPUs (asked once, when a Deployment could grow)
         for key, target in self.targets.items():
             entries = replicas.get(key, [])
             if target.spec is None or key in self.writing or not entries:
@@ -290,7 +293,9 @@ class Elastic:
                 continue
             if hpa is not None and self.hpa_max.get(key, 0) > count:
                 continue  # the HPA has room it does not use
-            if not self._fits(entries[0]):
+            if calm is None:
+                calm = not waiting()
+            if not calm or not self._fits(entries[0]):
                 continue
             self._grow(target, count, hpa)
 

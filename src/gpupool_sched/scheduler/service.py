@@ -408,7 +408,7 @@ class SchedulerService:
                 if self.leader.is_leader and self.state.abandon_unstarted():
                     self.queue.on_event(ClusterEvent.GPU_FREED)  # a failed-over plan's unevicted movers stay
                 if self.config.elastic.enabled:  # lend replicas on free GPUs (leader only), the tier gauges
-                    self.elastic.tick(self.leader.is_leader and not self.informers.stale, self._waiting_for_gpus())
+                    self.elastic.tick(self.leader.is_leader and not self.informers.stale, self._waiting_for_gpus)
                 self.gang_upkeep.write_status()
                 self.gang_upkeep.release_broken()
                 if self.leader.is_leader:
