@@ -12,9 +12,11 @@ from gpupool_sched.framework.plugins.idle import (
     REPORT,
     WHEN_NEEDED,
     IdleBudget,
+    IdleCandidate,
     IdlePod,
     IdlePolicy,
     IdleReclaimConfig,
+    PolicyOf,
     describe_duration,
     idle_past,
     parse_duration,
@@ -35,15 +37,16 @@ def policy(action: str, after: float = HOUR) -> IdlePolicy:
     return IdlePolicy(action, after)
 
 
-def every(action: str, after: float = HOUR):  # noqa: ANN201 - a PolicyOf
+def every(action: str, after: float = HOUR) -> PolicyOf:
     return lambda namespace: policy(action, after)
 
 
-def uids(candidates) -> list[str]:  # noqa: ANN001
+def uids(candidates: list[IdleCandidate]) -> list[str]:
     return [c.pod.uid for c in candidates]
 
 
-def choose(pods, policy_of, *, actions=(WHEN_NEEDED, RECLAIM), gangs=None, grace=300.0, budget=10):  # noqa: ANN001, ANN201
+def choose(pods: list[IdlePod], policy_of: PolicyOf, *, actions: tuple[str, ...] = (WHEN_NEEDED, RECLAIM),
+           gangs: dict[str, set[str]] | None = None, grace: float = 300.0, budget: int = 10) -> list[IdleCandidate]:
     return reclaimable(pods, policy_of, NOW, actions=actions, gangs=gangs or {}, start_grace_s=grace,
                        budget_left=budget)
 

@@ -193,3 +193,8 @@ class IdleBudget:
     def spend(self, n: int = 1) -> None:
         now = self.clock()
         self.spent.extend([now] * n)
+
+    def refund(self) -> None:
+        """The last reclaim spent did not happen (its eviction was refused)."""
+        if self.spent:
+            self.spent.pop()
