@@ -120,6 +120,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-after", type=_duration, default=3600.0, metavar="DURATION",
                    help="a pod counts as idle too long once its device plugin has listed it idle this long "
                         "(seconds, or like 1h, 30m)")
+    p.add_argument("--idle-start-grace", type=cli_args.non_negative(float), default=300.0, metavar="SECONDS",
+                   help="a pod started less than this ago is never reclaimed for being idle (as the device "
+                        "plugin's --idle-start-grace)")
     p.add_argument("--idle-reclaim-budget", type=cli_args.non_negative(int), default=10, metavar="PODS",
                    help="idle pods reclaimed per hour across the cluster, at most (0: none)")
     cli_args.add_consistency_check(p, see="; docs/scheduler.md#guarantees-under-faults")
@@ -190,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         consistency_check_s=args.consistency_check_interval,
         defrag=defrag,
         idle=IdleReclaimConfig(action=args.idle_reclaim_action, idle_after_s=args.idle_after,
-                               budget_per_hour=args.idle_reclaim_budget),
+                               budget_per_hour=args.idle_reclaim_budget, start_grace_s=args.idle_start_grace),
         freeze_gc=True,
     )
     logging.getLogger(__name__).info("API server %s (%s); scheduler %s, identity %s",
