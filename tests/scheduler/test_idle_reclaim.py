@@ -252,3 +252,47 @@ def test_no_policy_does_nothing_and_a_malformed_annotation_is_counted() -> None:
         assert counted(service, "gpupool_scheduler_idle_pods", action="none") == 0
 
     asyncio.run(with_idle(test))
+
+
+def test_a_pod_of_higher_priority_takes_the_idle_pod_not_the_busy_one_preemption_would() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        service.on_node("ADDED", server.put(NODES, node_obj("n1")))
+        # preemption takes the newest of the lowest priority: t3; the idle one is the oldest
+        idle = running(service, server, "t0", "n1", 0, started="2026-11-29T10:00:00Z")
+        for gpu in (1, 2, 3):
+            running(service, server, f"t{gpu}", "n1", gpu, started=f"2026-11-30T1{gpu}:00:00Z")
+        list_idle(service, server, {uid(idle): ago(2 * HOUR)})
+        urgent = pod_obj("urgent", gpus=1)
+        urgent["spec"]["priority"] = 100
+        service.on_pod("ADDED", server.put(PODS, urgent))
+        await run_queue(service, rounds=3)
+        assert evictions(server) == ["t0"]
+        [event] = events(server, "IdleReclaimed")
+        assert event["message"].endswith("its GPUs were needed by ns/urgent (priority 100 > 0)")
+
+    asyncio.run(with_idle(test, action="reclaimWhenNeeded", idle_after_s=60))
+
+
+def test_a_gang_is_reclaimed_whole_or_not_at_all() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        quotas(service, ("team", team_spec("team", 4)), ("others", team_spec("others", 4)))
+        service.on_node("ADDED", server.put(NODES, node_obj("n1")))
+        gang = {"scheduling.x-k8s.io/pod-group": "g"}
+        members = []
+        for gpu in (0, 1):
+            obj = running(service, server, f"m{gpu}", "n1", gpu)
+            obj["metadata"]["labels"] = gang
+            service.on_pod("MODIFIED", server.put(PODS, obj))
+            members.append(obj)
+        running(service, server, "busy2", "n1", 2)
+        running(service, server, "busy3", "n1", 3)
+        list_idle(service, server, {uid(m): ago(2 * HOUR) for m in members})
+        pending(service, server, "one")  # one GPU: a plan would take one member alone
+        await run_queue(service, rounds=3)
+        assert evictions(server) == []
+        service.on_pod("DELETED", server.objects[PODS]["team/one"])
+        pending(service, server, "two", gpus=2)  # both members: the gang whole
+        await run_queue(service, rounds=3)
+        assert sorted(evictions(server)) == ["m0", "m1"]
+
+    asyncio.run(with_idle(test, action="reclaimWhenNeeded", idle_after_s=60))
