@@ -1,9 +1,13 @@
 """Idle GPUs reclaimed on the real control plane (issue 20 §2): the scheduler process, the kube-apiserver's
-Eviction API, kwok nodes. The node annotation gpupool.io/idle-pods is written here as the device plugin's
-stand-in (the real plugin writes it from NVML samples: tests/deviceplugin/test_idle_e2e.py; scripting a
-10-minute idle window through it would cost this file more than its CI budget).
+Eviction API, kwok nodes.
 
-One dgx-h100 node (8 GPUs), full of one-GPU pods:
+`test_the_real_plugin_names_the_idle_pod_and_the_scheduler_reclaims_it`: the device plugin process (fake NVML
+scripted through its events file, a 1 s window) writes gpupool.io/idle-pods for the one pod whose GPU does
+nothing; a pending pod within its guarantee takes that pod's GPU and nothing busy goes.
+
+`test_an_idle_pod_is_reclaimed_for_a_guaranteed_pod_and_nothing_else_is` writes the annotation itself, as the
+plugin's stand-in, to list pods the plugin would not (one in its start grace, one annotated never). One
+dgx-h100 node (8 GPUs), full of one-GPU pods:
 
 * (a) `others/idle`, listed idle past its GpuQuota's idleAfter (60 s, reclaimWhenNeeded), is evicted for
   `team/train`, pending within its guarantee; the Events say how long it was idle, where, and for whom;
@@ -14,6 +18,8 @@ One dgx-h100 node (8 GPUs), full of one-GPU pods:
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,10 +31,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupool_common.idlepods import IDLE_PODS_ANNOTATION, idle_pods_annotation
+from gpupool_common.handshake import parse_assignment
+from gpupool_common.idlepods import IDLE_PODS_ANNOTATION, idle_pods_annotation, parse_idle_pods
+from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory
 from gpupool_devcluster.client import ClusterClient
 from gpupool_devcluster.crds import install_crds
 from tests.support.fixtures import drop_namespace, make_namespace
+from tests.support.plugin_process import PluginProcess
 from tests.support.scheduler_harness import (
     SchedulerProcess,
     add_pool_nodes,
@@ -148,3 +157,67 @@ def test_an_idle_pod_is_reclaimed_for_a_guaranteed_pod_and_nothing_else_is(kube:
     assert alive(kube, ns["rep"]) == {"report"}
     assert proc.metric("gpupool_scheduler_idle_reclaims_total", reason="needed", result="evicted") == 1
     assert proc.metric("gpupool_scheduler_idle_pods", action="report") == 1
+
+
+def test_the_real_plugin_names_the_idle_pod_and_the_scheduler_reclaims_it(
+        kube: ClusterClient, tmp_path: Path) -> None:
+    install_crds(kube.api_client)
+    tag = uuid.uuid4().hex[:6]
+    pool = unique("idlep")
+    (node,) = add_pool_nodes(kube, pool, "l40s-pcie", 1)  # 4 GPUs
+    team = make_namespace(kube, prefix="team", labels={"idle-team": f"team-{tag}"})
+    others = make_namespace(kube, prefix="others")
+    qname = f"idle-team-{tag}"
+    quota(kube, qname, {"namespaceSelector": {"matchLabels": {"idle-team": f"team-{tag}"}}, "guaranteed": {"gpus": 1}})
+    proc: SchedulerProcess | None = None
+    plugin: PluginProcess | None = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpk-") as kubelet_dir:  # unix socket paths stay short
+            uuids = [g.uuid for g in parse_inventory(kube.core.read_node(node).metadata.annotations[
+                INVENTORY_ANNOTATION]).gpus]
+            plugin = PluginProcess(tmp_path, Path(kubelet_dir), "l40s-pcie", node=node, kubeconfig=kube.kubeconfig,
+                                   config={"idle": {"publishIntervalSeconds": 0}},
+                                   extra_args=["--idle-sample-interval", "0.2", "--idle-window", "1",
+                                               "--idle-start-grace", "0"])
+            with plugin.events.open("a") as fh:  # every GPU works...
+                for u in uuids:
+                    fh.write(json.dumps({"uuid": u, "activity": {"utilization": 70, "memoryUsedMiB": 8000}}) + "\n")
+            plugin.start()
+            plugin.wait_log(r"idle sampling every 0.2s")
+            proc = start_scheduler(kube, unique("gpupool"), tmp_path, "--idle-reclaim-action", "reclaimWhenNeeded",
+                                   "--idle-after", "2", "--idle-start-grace", "0")
+            for i in range(4):
+                kube.core.create_namespaced_pod(others, pod(f"w-{i}", proc.name, pool, gpus=1))
+            bound = wait_bound(kube, others, 4, timeout_s=60)
+            chosen = next(p for p in bound if p["metadata"]["name"] == "w-2")
+            assignment = parse_assignment(chosen["metadata"].get("annotations"))
+            assert assignment is not None
+            (gpu,) = assignment.containers[0].devices["nvidia.com/gpu"]
+            with plugin.events.open("a") as fh:  # ...until w-2's GPU does nothing
+                fh.write(json.dumps({"uuid": gpu, "activity": {"utilization": 0, "memoryUsedMiB": 8000}}) + "\n")
+
+            def listed() -> set[str]:
+                return set(parse_idle_pods((kube.core.read_node(node).metadata.annotations or {})
+                                           .get(IDLE_PODS_ANNOTATION)))
+
+            wait_until(lambda: listed() == {chosen["metadata"]["uid"]}, 30, "the plugin lists w-2 idle, alone")
+            time.sleep(2)  # past --idle-after
+            kube.core.create_namespaced_pod(team, pod("train", proc.name, pool, gpus=1))
+            wait_bound(kube, team, 1, timeout_s=60)
+            (reclaimed,) = wait_until(lambda: events_for(kube, others, "w-2", "IdleReclaimed"), 30,
+                                      "w-2: IdleReclaimed Event")
+            assert f"on node {node}; its GPUs were needed by {team}/train (within its guarantee of GpuQuota " \
+                f"{qname})" in reclaimed["message"], reclaimed["message"]
+            wait_until(lambda: "w-2" not in alive(kube, others), 30, "w-2 gone")
+            assert alive(kube, others) == {"w-0", "w-1", "w-3"}
+            stop_scheduler(proc)
+            proc = None
+    finally:
+        if proc is not None:
+            proc.stop()
+        if plugin is not None:
+            plugin.stop()
+        delete_quota(kube, qname)
+        drop_namespace(kube, team)
+        drop_namespace(kube, others)
+        kube.delete_nodes([node])
