@@ -13,7 +13,8 @@ dgx-h100 node (8 GPUs), full of one-GPU pods:
   `team/train`, pending within its guarantee; the Events say how long it was idle, where, and for whom;
 * (b) the busy pods (not listed), `others/young` (listed, but in its start grace) and `others/never`
   (listed, annotated gpupool.io/idle-reclaim: never) stay;
-* (c) `rep/report`, listed idle under a quota whose action is report, gets an IdleGPU Event and stays.
+* (c) `rep/report`, listed idle under a quota whose action is report, gets an IdleGPU Event and stays;
+* then `sweep/lazy`, listed idle under a quota whose action is reclaim, is evicted with no pod waiting.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def cluster(kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory) -> It
     pool = unique("idle")
     nodes = add_pool_nodes(kube, pool, "dgx-h100", 1)
     spaces = {team: make_namespace(kube, prefix=team, labels={"idle-team": f"{team}-{tag}"})
-              for team in ("team", "others", "rep")}
+              for team in ("team", "others", "rep", "sweep")}
     names = {team: f"idle-{team}-{tag}" for team in spaces}
 
     def select(team: str) -> dict[str, Any]:
@@ -86,6 +87,8 @@ def cluster(kube: ClusterClient, tmp_path_factory: pytest.TempPathFactory) -> It
                                   "idleReclaim": {"idleAfter": 60}})  # action: reclaimWhenNeeded (the default)
     quota(kube, names["rep"], {"namespaceSelector": select("rep"), "guaranteed": {"gpus": 1},
                                "idleReclaim": {"idleAfter": "1m", "action": "report"}})
+    quota(kube, names["sweep"], {"namespaceSelector": select("sweep"), "guaranteed": {"gpus": 1},
+                                 "idleReclaim": {"idleAfter": "1m", "action": "reclaim"}})
     proc: SchedulerProcess | None = None
     try:
         proc = start_scheduler(kube, unique("gpupool"), Path(tmp_path_factory.mktemp("idle-logs")),
@@ -116,13 +119,15 @@ def test_an_idle_pod_is_reclaimed_for_a_guaranteed_pod_and_nothing_else_is(kube:
                                                                            cluster: dict[str, Any]) -> None:
     pool, node, ns, proc = cluster["pool"], cluster["node"], cluster["ns"], cluster["scheduler"]
     sched = proc.name
-    old = ["idle", "busy-0", "busy-1", "busy-2", "busy-3", "never"]
+    old = ["idle", "busy-0", "busy-1", "busy-2", "never"]
     for name in old:
         annotations = {"gpupool.io/idle-reclaim": "never"} if name == "never" else None
         kube.core.create_namespaced_pod(ns["others"], pod(name, sched, pool, gpus=1, annotations=annotations))
     kube.core.create_namespaced_pod(ns["rep"], pod("report", sched, pool, gpus=1))
+    kube.core.create_namespaced_pod(ns["sweep"], pod("lazy", sched, pool, gpus=1))
     wait_bound(kube, ns["others"], len(old), timeout_s=60)
     wait_bound(kube, ns["rep"], 1, timeout_s=60)
+    wait_bound(kube, ns["sweep"], 1, timeout_s=60)
     time.sleep(START_GRACE_S + 1)  # the pods above are out of their start grace; `young` will not be
     kube.core.create_namespaced_pod(ns["others"], pod("young", sched, pool, gpus=1))
     wait_bound(kube, ns["others"], len(old) + 1, timeout_s=60)
@@ -153,10 +158,23 @@ def test_an_idle_pod_is_reclaimed_for_a_guaranteed_pod_and_nothing_else_is(kube:
 
     # (b) nothing busy, young or annotated never went; report's pod stays
     wait_until(lambda: "idle" not in alive(kube, ns["others"]), 30, "idle gone")
-    assert alive(kube, ns["others"]) == {"busy-0", "busy-1", "busy-2", "busy-3", "never", "young"}
+    assert alive(kube, ns["others"]) == {"busy-0", "busy-1", "busy-2", "never", "young"}
     assert alive(kube, ns["rep"]) == {"report"}
+    assert alive(kube, ns["sweep"]) == {"lazy"}  # busy so far: not listed
     assert proc.metric("gpupool_scheduler_idle_reclaims_total", reason="needed", result="evicted") == 1
     assert proc.metric("gpupool_scheduler_idle_pods", action="report") == 1
+
+    # action reclaim: evicted once listed idle past idleAfter, no pod waiting
+    listed[uid_of(kube, ns["sweep"], "lazy")] = since
+    kube.core.patch_node(node, {"metadata": {"annotations": {IDLE_PODS_ANNOTATION: idle_pods_annotation(listed)}}})
+    (swept,) = wait_until(lambda: events_for(kube, ns["sweep"], "lazy", "IdleReclaimed"), 30,
+                          "lazy: IdleReclaimed Event")
+    assert swept["message"].endswith(f"on node {node}; the idle policy of GpuQuota {cluster['quotas']['sweep']} is "
+                                     "reclaim: idle past idleAfter 1m"), swept["message"]
+    wait_until(lambda: not alive(kube, ns["sweep"]), 30, "lazy gone")
+    assert proc.metric("gpupool_scheduler_idle_reclaims_total", reason="policy", result="evicted") == 1
+    assert alive(kube, ns["others"]) == {"busy-0", "busy-1", "busy-2", "never", "young"}
+    assert alive(kube, ns["rep"]) == {"report"}
 
 
 def test_the_real_plugin_names_the_idle_pod_and_the_scheduler_reclaims_it(
