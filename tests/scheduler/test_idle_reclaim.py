@@ -296,3 +296,26 @@ def test_a_gang_is_reclaimed_whole_or_not_at_all() -> None:
         assert sorted(evictions(server)) == ["m0", "m1"]
 
     asyncio.run(with_idle(test, action="reclaimWhenNeeded", idle_after_s=60))
+
+
+def test_an_idle_pod_a_disruption_budget_protects_is_left_and_preemption_goes_on() -> None:
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        service.on_node("ADDED", server.put(NODES, node_obj("n1")))
+        for gpu in range(4):
+            running(service, server, f"t{gpu}", "n1", gpu, started=f"2026-11-30T1{gpu}:00:00Z")
+        stored = server.objects[PODS]["others/t0"]
+        stored["metadata"]["labels"] = {"app": "kept"}
+        service.on_pod("MODIFIED", server.put(PODS, stored))
+        service.on_pdb("ADDED", {"metadata": {"namespace": "others", "name": "kept"},
+                                 "spec": {"selector": {"matchLabels": {"app": "kept"}}},
+                                 "status": {"disruptionsAllowed": 0}})
+        list_idle(service, server, {uid(stored): ago(2 * HOUR)})
+        urgent = pod_obj("urgent", gpus=1)
+        urgent["spec"]["priority"] = 100
+        service.on_pod("ADDED", server.put(PODS, urgent))
+        await run_queue(service, rounds=3)
+        assert evictions(server) == ["t3"]  # preemption by priority: the newest busy pod
+        assert events(server, "IdleReclaimed") == []
+        assert counted(service, "gpupool_scheduler_idle_reclaims_total", reason="needed", result="blocked") >= 1
+
+    asyncio.run(with_idle(test, action="reclaimWhenNeeded", idle_after_s=60))

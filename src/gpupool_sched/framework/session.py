@@ -78,6 +78,7 @@ class IdleVictims:
     entitled: str  # "within its guarantee of GpuQuota q" or "priority P > p"
     whole: Callable[[Iterable[str]], bool]  # these victims take no gang member without its whole gang
     idle_since: dict[str, float]  # candidate UID -> idle since (epoch s)
+    on_blocked: Callable[[], None] = lambda: None  # the plan needed PDB-protected idle pods (metrics)
 
 
 IdleCandidates = Callable[[], IdleVictims | None]

@@ -153,7 +153,8 @@ class IdleReclaim:
             return all(members.get(g, set()) <= taken for u in taken if (g := gangs.get(u)) is not None)
 
         log.debug("pod %s may reclaim %d idle pod(s) (%s)", key, len(running), entitled)
-        return IdleVictims(running, plan_priority, entitled, whole, {c.pod.uid: c.pod.idle_since for c in chosen})
+        return IdleVictims(running, plan_priority, entitled, whole, {c.pod.uid: c.pod.idle_since for c in chosen},
+                           self.metrics.idle_reclaims.labels(reason="needed", result="blocked").inc)
 
     def messages(self, key: str, found: IdleVictims, victims: Iterable[RunningPod]) -> dict[str, IdleVictim]:
         """The victims' Events: how long each was idle, where, and who needed its GPUs."""

@@ -188,8 +188,6 @@ class Scheduling:
             why = eviction_reason(result.reclaim, verdict.quota if verdict is not None else None)
             if result.idle is not None and self.idle is not None:
                 why = IDLE_WHY
-                if result.blocked_by_budget is not None:
-                    self.metrics.idle_reclaims.labels(reason="needed", result="blocked").inc()
             for member, eviction in result.statement.evictions if result.statement else ():
                 if result.idle is not None and self.idle is not None:
                     self.idle.spent(len(eviction.victims))

@@ -29,7 +29,7 @@ def evict(session: Session, priority: int, candidates: list[RunningPod], reclaim
           idle: IdleVictims | None = None) -> Steps[Outcome | None]:
     """Plan evictions among `candidates` as if the job had `priority`; None when no plan has victims.
     `idle`: the candidates are idle pods (reclaim-idle); a plan that takes a gang member without its whole
-    gang is not carried out."""
+    gang, or one a PodDisruptionBudget blocks, is not carried out (None: preempt and reclaim are tried)."""
     snapshot = session.state.snapshot.copy() if session.offload else session.state.snapshot
     policy, rng, plans, budget = session.policy, session.rng, session.plans, session.candidates
     compute: Callable[[], Any]
@@ -61,7 +61,10 @@ def evict(session: Session, priority: int, candidates: list[RunningPod], reclaim
     if plan.pdb_violations:
         # the plan already has the fewest violations: every node needs a protected victim. The Eviction
         # API would refuse it (429) after the unprotected victims were gone, so evict nobody
-        return Outcome(blocked_by_budget=plan, reclaim=reclaiming, idle=idle)
+        if idle is not None:  # taking idle pods was only cheaper: the next actions may still find a way
+            idle.on_blocked()
+            return None
+        return Outcome(blocked_by_budget=plan, reclaim=reclaiming)
     if session.offload and not _still_holds(session, plan):
         return Outcome(stale=True)
     with Statement(session.state) as statement:
