@@ -23,6 +23,7 @@ from gpupool_sched.cache.entries import TERMINATING, Phase, PodEntry
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.plugins.gangs import Gangs
 from gpupool_sched.framework.plugins.idle import (
+    ACTIONS,
     NONE,
     RECLAIM,
     RECLAIMING,
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 
 IDLE_WHY = "idle on their GPUs past their idleAfter"  # the preemptor's Events: why the victims go
 BLOCKED_RETRY_S = 60.0  # a sweep eviction a PodDisruptionBudget refused is tried again after this
-ACTIONS_SHOWN = ("none", "report", "reclaimWhenNeeded", "reclaim")
+ACTIONS_SHOWN = ACTIONS  # the gauges' label values
 
 
 def since_text(epoch: float) -> str:
