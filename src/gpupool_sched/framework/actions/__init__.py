@@ -4,6 +4,9 @@
                  replacement's reservation its own
     consolidate  move running pods of no higher priority so that a lone pod fits (every mover with a
                  destination held before it is evicted): moving is cheaper than killing
+    reclaim-idle evict pods their device plugin lists idle past their policy's idleAfter (reclaimWhenNeeded
+                 or reclaim) when the job is within its GpuQuota's guarantee or above every victim's
+                 priority: evicting idle work is cheaper than killing busy work
     preempt      evict pods of lower priority than every member (kube-scheduler's DefaultPreemption)
     reclaim      evict pods other teams borrow beyond their GpuQuota, whatever their priority (Kueue's
                  reclaimWithinCohort: Any), when preemption by priority found no plan
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpupool_sched.framework.actions import allocate, consolidate, preempt, reclaim
+from gpupool_sched.framework.actions import allocate, consolidate, preempt, reclaim, reclaim_idle
 from gpupool_sched.framework.session import Outcome, Session, Steps
 
 Action = Callable[[Session], Steps[Outcome | None]]
@@ -25,6 +28,7 @@ Action = Callable[[Session], Steps[Outcome | None]]
 ACTIONS: tuple[tuple[str, Action], ...] = (
     (allocate.NAME, allocate.run),
     (consolidate.NAME, consolidate.run),
+    (reclaim_idle.NAME, reclaim_idle.run),
     (preempt.NAME, preempt.run),
     (reclaim.NAME, reclaim.run),
 )
