@@ -81,8 +81,32 @@ class SchedulerMetrics:
             "gpupool_scheduler_preemption_victims", "Pods evicted by preemption, by reason (priority: a pod of "
             "higher priority; quota: its team's borrowed GPUs reclaimed by their GpuQuota's owner)", ["reason"],
             registry=r)
-        for reason in ("priority", "quota"):
+        for reason in ("priority", "quota", "idle"):
             self.preemption_victims.labels(reason=reason)
+        # idle GPUs (docs/idle-and-elastic.md): the names the dashboard uses
+        self.idle_pods = Gauge(
+            "gpupool_scheduler_idle_pods", "Pods their device plugin lists idle for longer than their policy's "
+            "idleAfter, by the policy's action (none where no policy applies)", ["action"], registry=r)
+        self.idle_gpus = Gauge(
+            "gpupool_scheduler_idle_gpus", "GPUs the pods of gpupool_scheduler_idle_pods hold (a memory-unit tenant "
+            "counts as its fraction of the GPU), by the policy's action", ["action"], registry=r)
+        for action in ("none", "report", "reclaimWhenNeeded", "reclaim"):
+            self.idle_pods.labels(action=action)
+            self.idle_gpus.labels(action=action)
+        self.idle_reclaims = Counter(
+            "gpupool_scheduler_idle_reclaims", "Idle pods reclaimed, by reason (needed: for a pending pod; policy: "
+            "idle past idleAfter under action reclaim) and result (evicted, failed, blocked: by a "
+            "PodDisruptionBudget or the hourly budget)", ["reason", "result"], registry=r)
+        self.idle_reclaimed_gpus = Counter(
+            "gpupool_scheduler_idle_reclaimed_gpus", "GPUs the evicted idle pods held, by reason", ["reason"],
+            registry=r)
+        for reason in ("needed", "policy"):
+            self.idle_reclaimed_gpus.labels(reason=reason)
+            for result in ("evicted", "failed", "blocked"):
+                self.idle_reclaims.labels(reason=reason, result=result)
+        self.idle_annotation_invalid = Counter(
+            "gpupool_scheduler_idle_annotation_invalid", "Malformed gpupool.io/idle-pods node annotations read "
+            "(each counts as no idle pod on its node)", registry=r)
         self.migrations = Counter(
             "gpupool_scheduler_migrations", "Pods moved to defragment, by reason (blocked: for a pod that fit "
             "nowhere; background: background consolidation, to free whole GPUs) and result (planned: "

@@ -41,11 +41,27 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     (["--preemption-search-budget-ms", "0"], "must be positive"),
     (["--kubeconfig", "/dev/null", "--preemption-min-candidate-nodes-percentage", "0",
       "--preemption-min-candidate-nodes-absolute", "0"], "cannot both be 0"),
+    (["--idle-reclaim-action", "evict"], "invalid choice"),
+    (["--idle-after", "soon"], "'soon' is not a duration"),
+    (["--idle-reclaim-budget", "-1"], "must be"),
     (["--elastic", "maybe"], "invalid choice"),
     (["--elastic-no-flap", "-1"], "must be"),
 ])
 def test_bad_flags(args: list[str], words: str) -> None:
     assert words in one_error_line(run(*args))
+
+
+def test_idle_after_takes_seconds_or_a_duration() -> None:
+    import argparse
+
+    from gpupool_sched.scheduler.cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--idle-after", "90"]).idle_after == 90.0
+    assert parser.parse_args(["--idle-after", "1h30m"]).idle_after == 5400.0
+    assert parser.parse_args([]).idle_after == 3600.0
+    assert parser.parse_args([]).idle_reclaim_action == "none"
 
 
 def test_unreachable_api_server(tmp_path: Path) -> None:

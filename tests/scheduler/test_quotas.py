@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, start_wsgi_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.plugins.idle import IdlePolicy
 from gpupool_sched.framework.plugins.quotas import (
     GROUP,
     PLURAL,
@@ -112,12 +113,34 @@ def test_a_valid_quota_parses() -> None:
     ({"namespaceSelector": {"matchExpressions": "team=a"}, "guaranteed": {}},
      ["spec.namespaceSelector.matchExpressions must be a list"]),
     ({"namespaceSelector": {}, "guaranteed": {}, "borrowLimit": {"gpus": 2}}, ["unknown field spec.borrowLimit"]),
+    ({"namespaceSelector": {}, "guaranteed": {}, "idleReclaim": {"idleAfter": "an hour", "action": "kill"}},
+     ["spec.idleReclaim.action must be one of none, report, reclaimWhenNeeded, reclaim, not 'kill'",
+      "spec.idleReclaim.idleAfter: 'an hour' is not a duration"]),
+    ({"namespaceSelector": {}, "guaranteed": {}, "idleReclaim": "1h"},
+     ["spec.idleReclaim must be an object with idleAfter and action"]),
 ])
 def test_invalid_quotas_name_every_problem(spec: dict[str, Any], problems: list[str]) -> None:
     with pytest.raises(InvalidQuota) as caught:
         parse_quota(quota_obj("bad", spec))
     for problem in problems:
         assert problem in str(caught.value)
+
+
+def test_a_quotas_idle_policy_governs_its_namespaces() -> None:
+    spec = {**team_spec("a", 1), "idleReclaim": {"idleAfter": "30m"}}
+    book = book_with(quota_obj("a", spec), quota_obj("b", team_spec("b", 1)),
+                     namespaces=(ns_obj("ns-a", team="a"), ns_obj("ns-b", team="b"), ns_obj("free")))
+    assert book.idle_policy("ns-a") == IdlePolicy("reclaimWhenNeeded", 1800.0, "GpuQuota a")  # the default action
+    assert book.idle_policy("ns-b") is None  # a quota without idleReclaim: the scheduler's default
+    assert book.idle_policy("free") is None
+    assert book.idle_policy("unknown") is None
+
+
+def test_within_guarantee_names_the_quota_only_while_the_team_would_not_borrow() -> None:
+    book = book_with(quota_obj("a", team_spec("a", 2, borrow=4)), namespaces=(ns_obj("ns-a", team="a"), ns_obj("free")))
+    assert book.within_guarantee([plan("ns-a", "p", gpus=2)]) == "a"
+    assert book.within_guarantee([plan("ns-a", "p", gpus=3)]) is None  # it would borrow
+    assert book.within_guarantee([plan("free", "p", gpus=1)]) is None  # no quota governs it
 
 
 def test_an_invalid_quota_is_ignored_and_reported() -> None:

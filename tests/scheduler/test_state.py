@@ -248,3 +248,67 @@ def test_gpus_the_kubelet_cannot_allocate_yet_are_not_offered() -> None:
     assert result.statement is None
     s.apply_node(node_obj("n1"))  # registered again
     assert schedule(s, pod_obj("c", gpus=1)).node == "n1"
+
+
+# ---- idle pods (gpupool.io/idle-pods, issue 20 §2) ------------------------------------------------
+
+def _with_idle(node: dict, text: str | None) -> dict:
+    out = copy.deepcopy(node)
+    out["metadata"]["resourceVersion"] = str(int(out["metadata"]["resourceVersion"]) + 1000)
+    if text is None:
+        out["metadata"]["annotations"].pop("gpupool.io/idle-pods", None)
+    else:
+        out["metadata"]["annotations"]["gpupool.io/idle-pods"] = text
+    return out
+
+
+def test_idle_pods_annotation_is_read_per_node_and_a_pod_no_longer_listed_is_busy_at_once() -> None:
+    state = ClusterState("gpupool")
+    node = node_obj("n1")
+    state.apply_node(node)
+    obj = pod_obj("a", gpus=1, node="n1", phase="Running")
+    state.apply_pod(obj)
+    uid = obj["metadata"]["uid"]
+    assert state.idle_since(uid) is None
+    node = _with_idle(node, f'{{"{uid}":"2026-12-02T14:00:00Z","other":"2026-12-02T13:00:00Z"}}')
+    state.apply_node(node)
+    assert state.idle_since(uid) == 1_796_220_000.0  # 2026-12-02T14:00:00Z
+    node = _with_idle(node, "{}")
+    state.apply_node(node)
+    assert state.idle_since(uid) is None
+    node = _with_idle(node, f'{{"{uid}":"2026-12-02T14:00:00Z"}}')
+    state.apply_node(node)
+    node = _with_idle(node, None)  # absent: nothing is idle
+    state.apply_node(node)
+    assert state.idle_since(uid) is None
+
+
+def test_idle_pods_listed_by_another_node_do_not_count() -> None:
+    state = ClusterState("gpupool")
+    n1, n2 = node_obj("n1"), node_obj("n2")
+    state.apply_node(n1)
+    obj = pod_obj("a", gpus=1, node="n1", phase="Running")
+    state.apply_pod(obj)
+    uid = obj["metadata"]["uid"]
+    state.apply_node(_with_idle(n2, f'{{"{uid}":"2026-12-02T14:00:00Z"}}'))
+    assert state.idle_since(uid) is None
+    state.delete_node("n2")
+    assert "n2" not in state.idle_pods
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"u": 5}', '{"u": "yesterday"}'])
+def test_a_malformed_idle_pods_annotation_means_nothing_idle_and_is_counted(text: str) -> None:
+    state = ClusterState("gpupool")
+    seen: list[tuple[str, str]] = []
+    state.on_idle_invalid = lambda node, problem: seen.append((node, problem))
+    node = node_obj("n1")
+    state.apply_node(node)
+    obj = pod_obj("a", gpus=1, node="n1", phase="Running")
+    state.apply_pod(obj)
+    uid = obj["metadata"]["uid"]
+    state.apply_node(_with_idle(node, f'{{"{uid}":"2026-12-02T14:00:00Z"}}'))
+    state.apply_node(_with_idle(node, text))
+    assert state.idle_since(uid) is None
+    assert [n for n, _ in seen] == ["n1"]
+    state.apply_node(_with_idle(node, text))  # the same text again: counted once
+    assert len(seen) == 1

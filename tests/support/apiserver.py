@@ -38,6 +38,7 @@ class ApiServer:
         self.arrivals: list[tuple[float, str, str]] = []  # (time.monotonic(), method, path) of every write
         self.written: list[tuple[str, str, dict[str, Any]]] = []  # (method, path, body) of every other write
         self.refuse: dict[str, int] = {}  # pod name -> the status its Bindings are refused with
+        self.refuse_evictions: dict[str, int] = {}  # pod name -> the status its Evictions are refused with (429)
         self.partitioned = False  # True: requests are held undelivered (a black hole); dropped if the client goes
         self.reads = 0
         self.lists = 0
@@ -98,6 +99,10 @@ class ApiServer:
             return await self._bind(request, parts[3], body)
         if request.method != "GET":
             self.written.append((request.method, request.path, json.loads(await request.read() or b"{}")))
+        if request.method == "POST" and parts[-1] == "eviction" and parts[-2] in self.refuse_evictions:
+            return web.json_response({"kind": "Status", "reason": "TooManyRequests",
+                                      "message": "Cannot evict pod as it would violate the pod's disruption budget."},
+                                     status=self.refuse_evictions[parts[-2]])
         if (parts[0] == "apis" and len(parts) >= 6 and parts[3] == "namespaces"
                 and (request.method == "GET" or parts[-1] == "scale"
                      or (request.method == "PATCH" and len(parts) == 7))):

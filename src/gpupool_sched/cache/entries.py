@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 CHECKPOINT_GRACE = "gpupool.io/checkpoint-grace-seconds"
+IDLE_RECLAIM = "gpupool.io/idle-reclaim"  # "never": never reclaimed for being idle (docs/idle-and-elastic.md)
 MOVABLE = "gpupool.io/movable"  # "true": may be moved to defragment; "false": never (docs/defragmentation.md)
 TERMINATING = "(terminating)"  # PodEntry.evicting_for of a pod deleted by someone else
 Shape = tuple[str, int]
@@ -69,6 +70,7 @@ class PodEntry:
     movable: bool | None = None  # gpupool.io/movable: True / False when the pod says so, else None
     job: str = ""  # UID of the batch/v1 Job that controls it ("" when none): its podFailurePolicy decides movable
     ready: bool = False  # condition Ready is True (a surge waits for its new replica's: writer/surge.py)
+    idle_never: bool = False  # gpupool.io/idle-reclaim: "never" (never reclaimed for being idle)
 
 
 @dataclass(slots=True)
@@ -126,6 +128,8 @@ def describe(entry: PodEntry, obj: Mapping[str, Any]) -> None:
     entry.job = controlling_job(ref)
     said = (meta.get("annotations") or {}).get(MOVABLE) if isinstance(meta.get("annotations"), Mapping) else None
     entry.movable = True if said == "true" else False if said == "false" else None
+    entry.idle_never = isinstance(meta.get("annotations"), Mapping) and \
+        meta["annotations"].get(IDLE_RECLAIM) == "never"
     conditions = (obj.get("status") or {}).get("conditions")
     entry.ready = isinstance(conditions, list) and any(
         isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)

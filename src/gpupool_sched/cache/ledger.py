@@ -58,6 +58,11 @@ class Ledger:
         self.nominations: dict[str, Nomination] = {}  # preemptor UID -> its nomination
         self.reservations: dict[str, Reservation] = {}  # RESERVED entry UID -> a migration's destination
         self.replaced: dict[str, str] = {}  # replacement UID -> UID of the first pod it replaces (cooldown)
+        # node -> {pod UID: idle since (epoch s)}: its device plugin's gpupool.io/idle-pods, replaced whole at
+        # each change (a pod the node no longer lists is busy again at once); absent or malformed: none
+        self.idle_pods: dict[str, dict[str, float]] = {}
+        self._idle_text: dict[str, str | None] = {}  # node -> the annotation last read
+        self.on_idle_invalid: Callable[[str, str], None] = lambda node, problem: None  # (metric)
         self.marks: dict[str, str] = {}  # replacement UID -> its gpupool.io/moved annotation, until bound
         self.surging: dict[str, tuple[str, str]] = {}  # mover UID -> (its node, destination): a surge under way
         self.non_preempting_classes: set[str] = set()  # PriorityClasses with preemptionPolicy: Never

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpupool_common.handshake import Assignment
+from gpupool_common.idlepods import IDLE_PODS_ANNOTATION, parse_idle_pods
 from gpupool_sched.cache.entries import (
     TERMINAL_PHASES,
     TERMINATING,
@@ -86,6 +87,7 @@ class ClusterState(Reservations):
         if not name or rv < self._node_rv.get(name, 0):
             return None
         self._node_rv[name] = rv
+        self._read_idle(name, (meta.get("annotations") or {}).get(IDLE_PODS_ANNOTATION))
         status = obj.get("status") or {}
         spec = obj.get("spec") or {}
         signature = (
@@ -124,7 +126,36 @@ class ClusterState(Reservations):
             return ClusterEvent.NODE_ADDED
         return ClusterEvent.NODE_CHANGED
 
+    def _read_idle(self, node: str, text: Any) -> None:
+        """The node's idle pods, read when its annotation changes. Absent or malformed: nothing idle there
+        (a malformed one is logged and told to `on_idle_invalid` once per value; never an exception)."""
+        if self._idle_text.get(node, "") == text and node in self._idle_text:
+            return
+        self._idle_text[node] = text
+        try:
+            if text is not None and not isinstance(text, str):
+                raise ValueError("not a string")
+            parsed = {uid: t.timestamp() for uid, t in parse_idle_pods(text).items()}
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            log.warning("node %s: %s is malformed (%s); no pod there counts as idle", node, IDLE_PODS_ANNOTATION, exc)
+            self.on_idle_invalid(node, str(exc))
+            parsed = {}
+        if parsed:
+            self.idle_pods[node] = parsed
+        else:
+            self.idle_pods.pop(node, None)
+
+    def idle_since(self, uid: str) -> float | None:
+        """When the pod became idle, as its node's device plugin lists it (seconds since the epoch); None
+        when it is not listed idle by the node it is on."""
+        entry = self.pods.get(uid)
+        if entry is None:
+            return None
+        return self.idle_pods.get(entry.node, {}).get(uid)
+
     def delete_node(self, name: str) -> None:
+        self.idle_pods.pop(name, None)
+        self._idle_text.pop(name, None)
         self._node_signature.pop(name, None)
         self._node_rv.pop(name, None)
         if self.nodes.pop(name, None) is None:

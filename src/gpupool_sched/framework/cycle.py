@@ -1,10 +1,10 @@
 """One scheduling cycle: a job (a pod, or a gang's members) in, a committed statement out.
 
 The cycle opens a session for the job (`framework.session`) and runs the actions in their declared
-order (`framework.actions`: allocate, give-back, consolidate, preempt, reclaim), each asking the pure placement core and
-recording what it decides as a statement (`framework.statement`): placements assumed, or victims marked
-and members nominated. `schedule` / `schedule_gang` decide inline (the simulator's and the tests' way);
-the service drives the same steps with eviction planning on a worker thread (`drive_offloaded`).
+order (`framework.actions`: allocate, give-back, consolidate, reclaim-idle, preempt, reclaim), each asking the
+pure placement core and recording what it decides as a statement (`framework.statement`): placements assumed,
+or victims marked and members nominated. `schedule` / `schedule_gang` decide inline (the simulator's and the
+tests' way); the service drives the same steps with eviction planning on a worker thread (`drive_offloaded`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,16 @@ import numpy as np
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.actions import ACTIONS
 from gpupool_sched.framework.plugins.victims import DEFAULT_MAX_CHECKPOINT_GRACE_S, nomination_timeout_s
-from gpupool_sched.framework.session import Candidates, Movers, Outcome, Session, Steps, drive
+from gpupool_sched.framework.session import (
+    Candidates,
+    IdleCandidates,
+    IdleVictims,
+    Movers,
+    Outcome,
+    Session,
+    Steps,
+    drive,
+)
 from gpupool_sched.framework.statement import Statement
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Unschedulable
@@ -43,6 +52,7 @@ class CycleResult:
     stale: bool = False  # an off-loop plan no longer held when it came back: nothing done, try again
     migration: Consolidation | None = None  # the statement's evictions move pods for it (consolidate)
     deferred: Consolidation | None = None  # a move would place it later: nothing done, no preemption now
+    idle: IdleVictims | None = None  # the evictions (or the blocked plan) take idle pods (reclaim-idle)
     give_back: bool = False  # the evictions are borrowed replicas given back (give-back: a scale-down)
 
 
@@ -56,6 +66,7 @@ class GangResult:
     blocked_by_budget: GangPreemption | None = None  # needs victims a PodDisruptionBudget protects: waits
     reclaim: bool = False  # the evictions take back borrowed quota (victims of any priority)
     stale: bool = False  # an off-loop plan no longer held when it came back: nothing done, try again
+    idle: IdleVictims | None = None  # the evictions (or the blocked plan) take idle pods (reclaim-idle)
     give_back: bool = False  # the evictions are borrowed replicas given back (give-back: a scale-down)
 
 
@@ -113,7 +124,8 @@ class Cycle:
     def decide(self, plans: list[PodPlan], need: int, *, gang: bool, running: Candidates | None = None,
                reclaim: Candidates | None = None, offload: bool = False,
                movable: Movers | None = None, max_movers: int | None = None,
-               moves_later: bool = False, borrowed: Candidates | None = None) -> Steps[CycleResult | GangResult]:
+               moves_later: bool = False, idle: IdleCandidates | None = None,
+               borrowed: Candidates | None = None) -> Steps[CycleResult | GangResult]:
         """The steps of one decision, for a driver: `schedule` / `schedule_gang` run them inline, the
         service with eviction planning on a worker thread (`offload`). `movable`: the pods a lone pod may
         move out of its way (consolidate; at most `max_movers`, default the cycle's); None: none.
@@ -122,6 +134,7 @@ class Cycle:
                                movable=movable)
         session.moves_later = moves_later
         session.borrowed = borrowed  # borrowed replicas it may take back (give-back)
+        session.idle = idle
         if max_movers is not None:
             session.max_movers = max_movers
         outcome = yield from self.run(session)
@@ -157,7 +170,7 @@ def pod_result(session: Session, outcome: Outcome) -> CycleResult:
     assert not isinstance(preemption, GangPreemption) and not isinstance(blocked, GangPreemption)
     return CycleResult(plan, outcome.statement, unschedulable, session.seconds, preemption,
                        outcome.reclaim and preemption is not None, blocked, outcome.stale, outcome.migration,
-                       outcome.deferred, give_back=outcome.give_back)
+                       outcome.deferred, outcome.idle, give_back=outcome.give_back)
 
 
 def gang_result(session: Session, outcome: Outcome) -> GangResult:
@@ -166,4 +179,5 @@ def gang_result(session: Session, outcome: Outcome) -> GangResult:
     preemption, blocked = outcome.preemption, outcome.blocked_by_budget
     assert not isinstance(preemption, Preemption) and not isinstance(blocked, Preemption)
     return GangResult(outcome.statement, unschedulable, session.seconds, preemption, blocked,
-                      outcome.reclaim and preemption is not None, outcome.stale, give_back=outcome.give_back)
+                      outcome.reclaim and preemption is not None, outcome.stale, outcome.idle,
+                      give_back=outcome.give_back)

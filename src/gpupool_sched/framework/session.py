@@ -67,6 +67,23 @@ async def drive_offloaded(steps: Steps[T]) -> T:
         return done.value
 
 
+@dataclass(frozen=True)
+class IdleVictims:
+    """What the reclaim-idle action may evict for a job: pods idle past their policy's idleAfter
+    (framework/plugins/idle.py chose them), the priority the plan is made with, and why the job is
+    entitled (for the Events)."""
+
+    candidates: list[RunningPod]
+    priority: int
+    entitled: str  # "within its guarantee of GpuQuota q" or "priority P > p"
+    whole: Callable[[Iterable[str]], bool]  # these victims take no gang member without its whole gang
+    idle_since: dict[str, float]  # candidate UID -> idle since (epoch s)
+    on_blocked: Callable[[], None] = lambda: None  # the plan needed PDB-protected idle pods (metrics)
+
+
+IdleCandidates = Callable[[], IdleVictims | None]
+
+
 @dataclass
 class Outcome:
     """What the job's actions decided. `statement` committed: placements (allocate) or evictions with
@@ -82,6 +99,7 @@ class Outcome:
     # no preemption either (moving is tried first); it is tried again once it may
     deferred: Consolidation | None = None
     give_back: bool = False  # the evictions are borrowed replicas given back (scale-down, not eviction)
+    idle: IdleVictims | None = None  # the evictions take idle pods (reclaim-idle)
 
 
 @dataclass
@@ -106,6 +124,7 @@ class Session:
     unschedulable: Unschedulable | GangUnschedulable | None = None  # why allocate found no room
     moves_later: bool = False  # `movable` is for a look only: the job has not waited --defrag-after yet
     borrowed: Candidates | None = None  # borrowed replicas the job may take back (give-back); None: none
+    idle: IdleCandidates | None = None  # idle pods the job may take (reclaim-idle); None: none
 
     @property
     def priority(self) -> int:

@@ -117,8 +117,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "Deployments and HorizontalPodAutoscalers")
     p.add_argument("--elastic-no-flap", type=cli_args.non_negative(float), default=300.0, metavar="SECONDS",
                    help="a Deployment that gave replicas back is not lent one again within this")
+    p.add_argument("--idle-reclaim-action", choices=("none", "report", "reclaimWhenNeeded", "reclaim"),
+                   default="none",
+                   help="the default idle policy of pods no GpuQuota's spec.idleReclaim governs: none (nothing "
+                        "happens), report (an Event), reclaimWhenNeeded (evicted for a pending pod within its "
+                        "guarantee or of higher priority), reclaim (evicted once idle past --idle-after) "
+                        "(docs/idle-and-elastic.md)")
+    p.add_argument("--idle-after", type=_duration, default=3600.0, metavar="DURATION",
+                   help="a pod counts as idle too long once its device plugin has listed it idle this long "
+                        "(seconds, or like 1h, 30m)")
+    p.add_argument("--idle-start-grace", type=cli_args.non_negative(float), default=300.0, metavar="SECONDS",
+                   help="a pod started less than this ago is never reclaimed for being idle (as the device "
+                        "plugin's --idle-start-grace)")
+    p.add_argument("--idle-reclaim-budget", type=cli_args.non_negative(int), default=10, metavar="PODS",
+                   help="idle pods reclaimed per hour across the cluster, at most (0: none)")
     cli_args.add_consistency_check(p, see="; docs/scheduler.md#guarantees-under-faults")
     cli_args.add_log_level(p)
+
+
+def _duration(text: str) -> float:
+    from gpupool_sched.framework.plugins.idle import parse_duration
+
+    try:
+        return parse_duration(int(text) if text.strip().isdigit() else text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _window(text: str) -> tuple[int, int]:
@@ -131,6 +154,7 @@ def _window(text: str) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpupool_sched.framework.plugins.idle import IdleReclaimConfig
     from gpupool_sched.framework.plugins.movers import DefragConfig
     from gpupool_sched.kube.connection import connect
     from gpupool_sched.scheduler.elastic import ElasticConfig
@@ -175,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
                                     else args.preemption_search_budget_ms / 1000),
         consistency_check_s=args.consistency_check_interval,
         defrag=defrag,
+        idle=IdleReclaimConfig(action=args.idle_reclaim_action, idle_after_s=args.idle_after,
+                               budget_per_hour=args.idle_reclaim_budget, start_grace_s=args.idle_start_grace),
         freeze_gc=True,
         elastic=ElasticConfig(enabled=args.elastic == "on", no_flap_s=args.elastic_no_flap),
     )

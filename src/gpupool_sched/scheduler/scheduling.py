@@ -32,6 +32,7 @@ from gpupool_sched.placement.gang_preemption import GangPreemption
 from gpupool_sched.placement.preemption import Preemption, RunningPod
 from gpupool_sched.scheduler.defrag import Defrag
 from gpupool_sched.scheduler.elastic import Elastic
+from gpupool_sched.scheduler.idle import IDLE_WHY, IdleReclaim
 from gpupool_sched.writer.binder import Binder
 from gpupool_sched.writer.preemptor import Preemptor
 from gpupool_sched.writer.recorder import EventRecorder, says_unschedulable
@@ -60,6 +61,7 @@ class Scheduling:
     pending: dict[str, PodInfo]  # uid -> latest event of our pending pods, read once
     observe: Callable[[str, PodRequest], None]  # a request into the workload profile
     defrag: Defrag | None = None  # the consolidate action's movers, budgets and migrator (None: off)
+    idle: IdleReclaim | None = None  # idle pods the reclaim-idle action may take (None: none)
     elastic: Elastic | None = None  # elastic Deployments: borrowed replicas (give-back; None: off)
 
     def schedule_one(self, item: QueuedPod) -> None:
@@ -161,9 +163,12 @@ class Scheduling:
         reclaim = ((lambda: self.quotas.reclaim_gang(job.plans, running_pods(self.state, self.budgets)))
                    if preempts and self.quotas.may_reclaim(job.plans[0].namespace) else None)
         movable, most, not_moved, later = self._movers(job, preempts)
+        idle = self.idle
+        idle_victims = ((lambda: idle.victims(job.plans, floor, job.key))
+                        if preempts and idle is not None and idle.may_help() else None)
         result = yield from self.cycle.decide(job.plans, job.need, gang=job.gang, running=victims, reclaim=reclaim,
                                               offload=offload, movable=movable, max_movers=most, moves_later=later,
-                                              borrowed=borrowed)
+                                              idle=idle_victims, borrowed=borrowed)
         self.metrics.algorithm_latency.observe(result.seconds)
         if result.stale:  # the cluster moved while the plan was computed off the loop: try again soon
             for item in job.items:
@@ -190,7 +195,14 @@ class Scheduling:
             return
         if result.statement is None or result.preemption is not None:
             why = eviction_reason(result.reclaim, verdict.quota if verdict is not None else None)
+            if result.idle is not None and self.idle is not None:
+                why = IDLE_WHY
             for member, eviction in result.statement.evictions if result.statement else ():
+                if result.idle is not None and self.idle is not None:
+                    self.idle.spent(len(eviction.victims))
+                    self.preemptor.carry_out(member, eviction, why,
+                                             idle=self.idle.messages(job.key, result.idle, eviction.victims))
+                    continue
                 self.preemptor.carry_out(member, eviction, why)
             message = self._failure(job, result, why)
             if (not job.gang and result.preemption is None and result.blocked_by_budget is None and preempts

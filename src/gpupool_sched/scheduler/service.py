@@ -32,6 +32,7 @@ from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.cache.sync import caches_ready, initial_sync, stop_syncing
 from gpupool_sched.framework.cycle import Cycle
 from gpupool_sched.framework.plugins.gangs import PODGROUPS, Gangs
+from gpupool_sched.framework.plugins.idle import IdleReclaimConfig
 from gpupool_sched.framework.plugins.movers import DefragConfig, job_kind
 from gpupool_sched.framework.plugins.quotas import QuotaBook, quota_kinds
 from gpupool_sched.framework.plugins.victims import DEFAULT_MAX_CHECKPOINT_GRACE_S, DisruptionBudgets
@@ -52,6 +53,7 @@ from gpupool_sched.scheduler.defrag import Defrag
 from gpupool_sched.scheduler.elastic import Elastic, ElasticConfig, ElasticMetrics
 from gpupool_sched.scheduler.gang_upkeep import GangUpkeep
 from gpupool_sched.scheduler.gauges import Gauges
+from gpupool_sched.scheduler.idle import IdleReclaim
 from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
 from gpupool_sched.scheduler.scheduling import Scheduling
 from gpupool_sched.writer.binder import Binder, BindOutcome
@@ -95,6 +97,7 @@ class SchedulerConfig:
     consistency_check_s: float = 300.0  # a re-list of every watched kind that repairs what the watch missed
     defrag: DefragConfig = field(default_factory=DefragConfig)  # the consolidate action (docs/defragmentation.md)
     freeze_gc: bool = False  # the process's own (CLI): gc.freeze() after the first sync
+    idle: IdleReclaimConfig = field(default_factory=IdleReclaimConfig)  # idle GPUs (docs/idle-and-elastic.md)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)  # elastic inference (docs/idle-and-elastic.md)
 
 
@@ -168,9 +171,11 @@ class SchedulerService:
                                    consistency_check_s=config.consistency_check_s)
         self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
         self.decisions = 0
+        self.idle = IdleReclaim(config.idle, self.state, self.quotas, self.gangs, self.budgets, self.preemptor,
+                                self.recorder, self.metrics)
         self.scheduling = Scheduling(self.state, self.queue, self.cycle, self.quotas, self.gangs, self.budgets,
                                      self.binder, self.preemptor, self.recorder, self.metrics, self._pending,
-                                     self.policies.observe, self.defrag,
+                                     self.policies.observe, self.defrag, self.idle,
                                      elastic=self.elastic if config.elastic.enabled else None)
         self.statuses = StatusWriter(api)  # GpuQuota and PodGroup status
         self.gang_upkeep = GangUpkeep(self.state, self.gangs, self.statuses, self.preemptor, self.recorder,
@@ -242,6 +247,7 @@ class SchedulerService:
         await self.binder.drain()
         await self.preemptor.drain()
         await self.elastic.writer.drain()
+        await self.idle.drain()
         await self.leader.release()
         await self.recorder.stop()
         self._gc_pauses.remove()
@@ -409,6 +415,7 @@ class SchedulerService:
                     self.queue.on_event(ClusterEvent.GPU_FREED)  # a failed-over plan's unevicted movers stay
                 if self.config.elastic.enabled:  # lend replicas on free GPUs (leader only), the tier gauges
                     self.elastic.tick(self.leader.is_leader and not self.informers.stale, self._waiting_for_gpus)
+                self.idle.tick(self.leader.is_leader and not self.informers.stale)  # gauges; reports, sweep
                 self.gang_upkeep.write_status()
                 self.gang_upkeep.release_broken()
                 if self.leader.is_leader:

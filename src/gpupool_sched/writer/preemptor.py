@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpupool_sched.cache.entries import CHECKPOINT_GRACE
@@ -32,6 +33,14 @@ from gpupool_sched.placement.preemption import Preemption
 from gpupool_sched.writer.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
+
+@dataclass(frozen=True, slots=True)
+class IdleVictim:
+    """An idle pod reclaimed for a pending pod (reclaim-idle): its Event's message and the GPUs it holds."""
+
+    message: str
+    gpus: float
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -54,9 +63,11 @@ class Preemptor:
         self.recorder = recorder
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def carry_out(self, plan: PodPlan, preemption: Preemption, why: str = BY_PRIORITY) -> None:
+    def carry_out(self, plan: PodPlan, preemption: Preemption, why: str = BY_PRIORITY,
+                  idle: Mapping[str, IdleVictim] | None = None) -> None:
         """Start evicting `preemption`'s victims for `plan` (already nominated in the state); `why` the
-        victims go, for the Events (quota reclaim evicts pods whatever their priority)."""
+        victims go, for the Events (quota reclaim evicts pods whatever their priority). `idle`: the victims
+        are idle pods reclaimed for it (their Event is IdleReclaimed, with this message)."""
         targets = []
         for victim in preemption.victims:
             entry = self.state.pods[victim.uid]
@@ -70,7 +81,7 @@ class Preemptor:
         self.metrics.preemption_attempts.labels(result="planned").inc()
         log.info("pod %s (priority %d) preempts %d pod(s) on %s: %s", plan.key, plan.priority, len(targets),
                  preemption.node, ", ".join(f"{t.namespace}/{t.name}" for t in targets))
-        task = asyncio.get_running_loop().create_task(self._run(plan, preemption.node, targets, why))
+        task = asyncio.get_running_loop().create_task(self._run(plan, preemption.node, targets, why, idle or {}))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -100,7 +111,9 @@ class Preemptor:
             if exc.status != 404:
                 log.warning("pod %s/%s: clearing nominatedNodeName failed: %s", namespace, name, exc)
 
-    async def _run(self, plan: PodPlan, node: str, targets: list[Target], why: str = BY_PRIORITY) -> None:
+    async def _run(self, plan: PodPlan, node: str, targets: list[Target], why: str = BY_PRIORITY,
+                   idle: Mapping[str, IdleVictim] | None = None) -> None:
+        idle = idle or {}
         try:
             await self.api.set_nominated_node(plan.namespace, plan.name, node)
         except ApiError as exc:
@@ -121,8 +134,18 @@ class Preemptor:
             except ApiError as exc:
                 if exc.status == 404:
                     continue  # already gone: what it held is free (or held, if the watch saw it go)
+                if target.uid in idle:
+                    result = "blocked" if exc.status == 429 else "failed"
+                    self.metrics.idle_reclaims.labels(reason="needed", result=result).inc()
                 self._abort(plan, targets[i:], exc, clear=True)
                 return
+            if (reclaimed := idle.get(target.uid)) is not None:
+                self.metrics.preemption_victims.labels(reason="idle").inc()
+                self.metrics.idle_reclaims.labels(reason="needed", result="evicted").inc()
+                self.metrics.idle_reclaimed_gpus.labels(reason="needed").inc(reclaimed.gpus)
+                self.recorder.record(target.namespace, target.name, target.uid, "Warning", "IdleReclaimed",
+                                     reclaimed.message)
+                continue
             self.metrics.preemption_victims.labels(reason="priority" if why == BY_PRIORITY else "quota").inc()
             self.recorder.record(
                 target.namespace, target.name, target.uid, "Warning", "Preempted",

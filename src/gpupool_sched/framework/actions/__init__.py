@@ -6,6 +6,9 @@
                  below their min), whatever their priority: ending a loan is cheaper than moving or killing
     consolidate  move running pods of no higher priority so that a lone pod fits (every mover with a
                  destination held before it is evicted): moving is cheaper than killing
+    reclaim-idle evict pods their device plugin lists idle past their policy's idleAfter (reclaimWhenNeeded
+                 or reclaim) when the job is within its GpuQuota's guarantee or above every victim's
+                 priority: evicting idle work is cheaper than killing busy work
     preempt      evict pods of lower priority than every member (kube-scheduler's DefaultPreemption)
     reclaim      evict pods other teams borrow beyond their GpuQuota, whatever their priority (Kueue's
                  reclaimWithinCohort: Any), when preemption by priority found no plan
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpupool_sched.framework.actions import allocate, consolidate, give_back, preempt, reclaim
+from gpupool_sched.framework.actions import allocate, consolidate, give_back, preempt, reclaim, reclaim_idle
 from gpupool_sched.framework.session import Outcome, Session, Steps
 
 Action = Callable[[Session], Steps[Outcome | None]]
@@ -28,6 +31,7 @@ ACTIONS: tuple[tuple[str, Action], ...] = (
     (allocate.NAME, allocate.run),
     (give_back.NAME, give_back.run),
     (consolidate.NAME, consolidate.run),
+    (reclaim_idle.NAME, reclaim_idle.run),
     (preempt.NAME, preempt.run),
     (reclaim.NAME, reclaim.run),
 )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpupool_sched.cache.entries import Phase
-from gpupool_sched.framework.session import Outcome, Planning, Session, Steps
+from gpupool_sched.framework.session import IdleVictims, Outcome, Planning, Session, Steps
 from gpupool_sched.framework.statement import Statement
 from gpupool_sched.placement.gang_preemption import GangPreemption, plan_gang_preemption
 from gpupool_sched.placement.preemption import Preemption, RunningPod, plan_preemption
@@ -25,8 +25,11 @@ def may_evict(session: Session) -> bool:
     return not any(state.preemptions.get(p.uid, 0) >= session.max_preemptions for p in session.plans)
 
 
-def evict(session: Session, priority: int, candidates: list[RunningPod], reclaiming: bool) -> Steps[Outcome | None]:
-    """Plan evictions among `candidates` as if the job had `priority`; None when no plan has victims."""
+def evict(session: Session, priority: int, candidates: list[RunningPod], reclaiming: bool,
+          idle: IdleVictims | None = None) -> Steps[Outcome | None]:
+    """Plan evictions among `candidates` as if the job had `priority`; None when no plan has victims.
+    `idle`: the candidates are idle pods (reclaim-idle); a plan that takes a gang member without its whole
+    gang, or one a PodDisruptionBudget blocks, is not carried out (None: preempt and reclaim are tried)."""
     snapshot = session.state.snapshot.copy() if session.offload else session.state.snapshot
     policy, rng, plans, budget = session.policy, session.rng, session.plans, session.candidates
     compute: Callable[[], Any]
@@ -53,9 +56,14 @@ def evict(session: Session, priority: int, candidates: list[RunningPod], reclaim
     session.seconds += sum(timed)
     if plan is None or not plan.victims:
         return None
+    if idle is not None and not idle.whole(v.uid for v in plan.victims):
+        return None  # a gang is reclaimed whole or not at all
     if plan.pdb_violations:
         # the plan already has the fewest violations: every node needs a protected victim. The Eviction
         # API would refuse it (429) after the unprotected victims were gone, so evict nobody
+        if idle is not None:  # taking idle pods was only cheaper: the next actions may still find a way
+            idle.on_blocked()
+            return None
         return Outcome(blocked_by_budget=plan, reclaim=reclaiming)
     if session.offload and not _still_holds(session, plan):
         return Outcome(stale=True)
@@ -68,7 +76,7 @@ def evict(session: Session, priority: int, candidates: list[RunningPod], reclaim
         else:
             _nominate(session, statement, 0, plan)
         statement.commit()
-    return Outcome(statement, plan, reclaim=reclaiming)
+    return Outcome(statement, plan, reclaim=reclaiming, idle=idle)
 
 
 def _nominate(session: Session, statement: Statement, member: int, preemption: Preemption) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool_sched.framework.plugins.idle import IdlePolicy, parse_policy
 from gpupool_sched.kube.labelselector import LabelSelector
 from gpupool_sched.placement.quota import Amount
 
@@ -26,6 +27,7 @@ class QuotaSpec:
     selector: LabelSelector
     guaranteed: Amount
     borrowing_limit: Amount
+    idle_reclaim: IdlePolicy | None = None  # spec.idleReclaim: the idle policy of its namespaces
 
 
 def parse_quota(obj: Mapping[str, Any]) -> QuotaSpec:
@@ -36,15 +38,17 @@ def parse_quota(obj: Mapping[str, Any]) -> QuotaSpec:
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
         raise InvalidQuota("spec must be an object")
-    _unknown(spec, "spec", ("namespaceSelector", "guaranteed", "borrowingLimit"), problems)
+    _unknown(spec, "spec", ("namespaceSelector", "guaranteed", "borrowingLimit", "idleReclaim"), problems)
     selector = _selector(spec.get("namespaceSelector"), problems)
     if "guaranteed" not in spec:
         problems.append("spec.guaranteed is required")
     guaranteed = _amount(spec.get("guaranteed"), "spec.guaranteed", problems)
     limit = _amount(spec.get("borrowingLimit"), "spec.borrowingLimit", problems)
+    idle = parse_policy(spec.get("idleReclaim"), "spec.idleReclaim", problems)
     if problems:
         raise InvalidQuota("; ".join(problems))
-    return QuotaSpec(name, selector, guaranteed, limit)
+    return QuotaSpec(name, selector, guaranteed, limit,
+                     None if idle is None else IdlePolicy(idle.action, idle.idle_after_s, f"GpuQuota {name}"))
 
 
 def _unknown(obj: Mapping[str, Any], path: str, known: Sequence[str], problems: list[str]) -> None:

@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry
 from gpupool_sched.cache.entries import PodEntry
 from gpupool_sched.cache.events import ClusterEvent, Hint, QuotaFreed
 from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.plugins.idle import IdlePolicy
 from gpupool_sched.framework.plugins.quota_ledger import QuotaLedger
 from gpupool_sched.framework.plugins.quota_spec import InvalidQuota as InvalidQuota
 from gpupool_sched.framework.plugins.quota_spec import _Record
@@ -234,6 +235,30 @@ class QuotaBook(QuotaLedger):
         before the running pods are gathered for `reclaim_gang` (thousands of them for each pod that fits
         nowhere, in a namespace no quota governs)."""
         return bool(self.quotas()) and namespace in self._governing
+
+    def idle_policy(self, namespace: str) -> IdlePolicy | None:
+        """The idle policy (`spec.idleReclaim`) of the valid quota that governs `namespace`; None when none
+        governs it or it sets none (the scheduler's default applies)."""
+        self.quotas()
+        name = self._governing.get(namespace)
+        record = self.records.get(name) if name is not None else None
+        return record.spec.idle_reclaim if record is not None and record.spec is not None else None
+
+    def within_guarantee(self, plans: Sequence[PodPlan]) -> str | None:
+        """The quota within whose guarantee these pods (one namespace) would run, all of them started
+        (what the team holds, the pods' own holds not counted, plus their demand); None when no quota
+        governs them or they would borrow."""
+        if not plans:
+            return None
+        self.quotas()
+        name = self._governing.get(plans[0].namespace)
+        quota = self._by_name.get(name) if name is not None else None
+        if quota is None:
+            return None
+        unit = self.state.memory_unit_mib
+        demand = total(demand_of(p.request, unit) for p in plans)
+        used = self._used.get(quota.name, Amount()) - self._own_holds(p.uid for p in plans)
+        return quota.name if (used + demand).within(quota.guaranteed) else None
 
     def reclaim(self, plan: PodPlan, running: Iterable[RunningPod]) -> list[RunningPod]:
         """Borrowed pods that may be preempted so that `plan`'s team gets its guaranteed GPUs back, in
