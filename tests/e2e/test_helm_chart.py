@@ -65,7 +65,9 @@ NOT_EXERCISED: dict[str, dict[tuple[str, str, str], str]] = {
         ("", "events", "patch"): "repeated FailedScheduling count",
         # make-before-break migration only (gpupool.io/migrate: surge): a mover's ReplicaSet and Deployment,
         # the namespace's HPAs, the Deployment's scale, the deletion cost of the pod that goes; proven in
-        # tests/scheduler/test_defrag.py and tests/e2e/test_defrag.py
+        # tests/scheduler/test_defrag.py and tests/e2e/test_defrag.py; elastic inference reads and scales an
+        # elastic Deployment and sets its given-back replicas' deletion cost through the same grants (no elastic
+        # Deployment in this run; proven in tests/scheduler/test_elastic.py and tests/e2e/test_elastic.py)
         ("apps", "replicasets", "get"): "surge: the ReplicaSet's Deployment",
         ("apps", "deployments", "get"): "surge: the Deployment's annotation and rollout",
         ("apps", "deployments/scale", "patch"): "surge: one replica more, and back",
@@ -73,7 +75,7 @@ NOT_EXERCISED: dict[str, dict[tuple[str, str, str], str]] = {
         # a leader's look for surges left unfinished (only with --defrag on, and it may not have come yet)
         ("apps", "replicasets", "list"): "surge: the ReplicaSets labelled gpupool.io/surging",
         # elastic inference with an HPA on the Deployment only: its maxReplicas read and moved; proven in
-        # tests/scheduler/test_elastic.py (HPAs are listed and watched in every run)
+        # tests/scheduler/test_elastic.py and tests/e2e/test_elastic.py (HPAs are listed and watched in every run)
         ("autoscaling", "horizontalpodautoscalers", "get"): "elastic: the HPA's maxReplicas, read",
         ("autoscaling", "horizontalpodautoscalers", "patch"): "elastic: the HPA's maxReplicas, lent and lowered",
         ("", "pods", "patch"): "surge's pod-deletion-cost; a migration's record of its holds on the blocked pod",
