@@ -19,6 +19,9 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 _ALGO_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 
 
+ELASTIC_HANDOVER_BUCKETS = (1, 2.5, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600)
+
+
 class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -104,6 +107,19 @@ class SchedulerMetrics:
             self.idle_reclaimed_gpus.labels(reason=reason)
             for result in ("evicted", "failed", "blocked"):
                 self.idle_reclaims.labels(reason=reason, result=result)
+        # elastic inference (scheduler/elastic.py)
+        self.elastic_replicas = Gauge(
+            "gpupool_scheduler_elastic_replicas", "Running replicas of elastic Deployments, by tier (guaranteed: "
+            "the oldest min; borrowed: the rest, given back first)", ["namespace", "deployment", "tier"],
+            registry=r)
+        self.elastic_scaled = Counter(
+            "gpupool_scheduler_elastic_scaled", "Elastic replicas lent (up) and given back (down)", ["direction"],
+            registry=r)
+        self.elastic_handover = Histogram(
+            "gpupool_scheduler_elastic_handover_seconds", "From a give-back decision to the waiting pod bound",
+            buckets=ELASTIC_HANDOVER_BUCKETS, registry=r)
+        for direction in ("up", "down"):
+            self.elastic_scaled.labels(direction=direction)
         self.idle_annotation_invalid = Counter(
             "gpupool_scheduler_idle_annotation_invalid", "Malformed gpupool.io/idle-pods node annotations read "
             "(each counts as no idle pod on its node)", registry=r)

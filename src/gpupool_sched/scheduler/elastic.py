@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
 from gpupool_sched.cache.entries import PodEntry
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.plugins.elastic import (
@@ -38,6 +36,7 @@ from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
 from gpupool_sched.kube.informer import WatchedKind
 from gpupool_sched.kube.kubeapi import ApiError
 from gpupool_sched.kube.podspec import PodPlan
+from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.framework import Policy
@@ -49,29 +48,12 @@ log = logging.getLogger(__name__)
 DEPLOYMENTS = "/apis/apps/v1/deployments"
 AUTOSCALERS = "/apis/autoscaling/v2/horizontalpodautoscalers"
 UNPLACED_S = 60.0  # a lent replica that found no free GPU for this long is taken back (the count lowered)
-_HANDOVER_BUCKETS = (1, 2.5, 5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600)
 
 
 @dataclass(frozen=True)
 class ElasticConfig:
     enabled: bool = True
     no_flap_s: float = DEFAULT_NO_FLAP_S  # --elastic-no-flap
-
-
-class ElasticMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.replicas = Gauge(
-            "gpupool_scheduler_elastic_replicas", "Running replicas of elastic Deployments, by tier (guaranteed: "
-            "the oldest min; borrowed: the rest, given back first)", ["namespace", "deployment", "tier"],
-            registry=registry)
-        self.scaled = Counter(
-            "gpupool_scheduler_elastic_scaled", "Elastic replicas lent (up) and given back (down)", ["direction"],
-            registry=registry)
-        self.handover = Histogram(
-            "gpupool_scheduler_elastic_handover_seconds", "From a give-back decision to the waiting pod bound",
-            buckets=_HANDOVER_BUCKETS, registry=registry)
-        for direction in ("up", "down"):
-            self.scaled.labels(direction=direction)
 
 
 @dataclass
@@ -97,7 +79,7 @@ class Elastic:
     state: ClusterState
     queue: SchedulingQueue
     writer: ElasticWriter
-    metrics: ElasticMetrics
+    metrics: SchedulerMetrics
     policy: Callable[[], Policy]
     targets: dict[str, Target] = field(default_factory=dict)  # namespace/name -> elastic Deployment
     hpas: dict[str, str] = field(default_factory=dict)  # Deployment namespace/name -> its HPA's name
@@ -159,7 +141,7 @@ class Elastic:
         if target is not None:
             for tier in ("guaranteed", "borrowed"):
                 with contextlib.suppress(KeyError):
-                    self.metrics.replicas.remove(target.namespace, target.name, tier)
+                    self.metrics.elastic_replicas.remove(target.namespace, target.name, tier)
 
     def on_autoscaler(self, kind: str | None, obj: Mapping[str, Any]) -> None:
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
@@ -248,7 +230,7 @@ class Elastic:
             back = GiveBack(target.namespace, target.name, tuple(loans), len(replicas.get(key, ())),
                             self.hpas.get(key))
             self.flap.gave_back(key, now)
-            self.metrics.scaled.labels(direction="down").inc(len(loans))
+            self.metrics.elastic_scaled.labels(direction="down").inc(len(loans))
             log.info("pod %s takes back %d borrowed replica(s) of %s on %s: %s", plan.key, len(loans), key,
                      preemption.node, ", ".join(loan.name for loan in loans))
             self.writer.spawn(self.writer.give_back(plan, preemption.node, back, target.uid))
@@ -256,7 +238,7 @@ class Elastic:
     def bound(self, uid: str) -> None:
         began = self.handing.pop(uid, None)
         if began is not None:
-            self.metrics.handover.observe(self.queue.clock() - began)
+            self.metrics.elastic_handover.observe(self.queue.clock() - began)
 
     def forget(self, uid: str) -> None:
         self.handing.pop(uid, None)
@@ -321,7 +303,7 @@ class Elastic:
             finally:
                 self.writing.discard(key)
             if done is not None:
-                self.metrics.scaled.labels(direction="down").inc()
+                self.metrics.elastic_scaled.labels(direction="down").inc()
                 self.writer.event(target.namespace, target.name, target.uid, "Normal", "ElasticGaveBack",
                                   f"Took back borrowed replica(s) that found no free GPU within {UNPLACED_S:.0f}s; "
                                   f"replicas to {done}")
@@ -356,7 +338,7 @@ class Elastic:
                 self.writing.discard(key)
             if done is None:
                 return
-            self.metrics.scaled.labels(direction="up").inc()
+            self.metrics.elastic_scaled.labels(direction="up").inc()
             log.info("Deployment %s: lent a replica (%s)", key, what)
             self.writer.event(target.namespace, target.name, target.uid, "Normal", "ElasticScaledUp",
                               f"Lent one borrowed replica on free GPUs: {what} (min {spec.minimum}, max "
@@ -370,7 +352,7 @@ class Elastic:
             if target.spec is None:
                 continue
             guaranteed, borrowed = self._tiers(key, replicas.get(key, []))
-            self.metrics.replicas.labels(namespace=target.namespace, deployment=target.name,
+            self.metrics.elastic_replicas.labels(namespace=target.namespace, deployment=target.name,
                                          tier="guaranteed").set(len(guaranteed))
-            self.metrics.replicas.labels(namespace=target.namespace, deployment=target.name,
+            self.metrics.elastic_replicas.labels(namespace=target.namespace, deployment=target.name,
                                          tier="borrowed").set(len(borrowed))

@@ -50,7 +50,7 @@ from gpupool_sched.placement.candidates import (
 )
 from gpupool_sched.scheduler.defrag import PURPOSE as BACKGROUND_PURPOSE
 from gpupool_sched.scheduler.defrag import Defrag
-from gpupool_sched.scheduler.elastic import Elastic, ElasticConfig, ElasticMetrics
+from gpupool_sched.scheduler.elastic import Elastic, ElasticConfig
 from gpupool_sched.scheduler.gang_upkeep import GangUpkeep
 from gpupool_sched.scheduler.gauges import Gauges
 from gpupool_sched.scheduler.idle import IdleReclaim
@@ -166,7 +166,7 @@ class SchedulerService:
         self.defrag.profile = self.policies.profile.profile
         self.elastic = Elastic(config.elastic, self.state, self.queue,
                                ElasticWriter(self.state, api, self.queue, self.recorder),
-                               ElasticMetrics(self.metrics.registry), self.cycle.policy)
+                               self.metrics, self.cycle.policy)
         self.informers = Informers(api, self._watched_kinds(), registry=self.metrics.registry,
                                    consistency_check_s=config.consistency_check_s)
         self._writes: set[asyncio.Task[None]] = set()  # status writes in flight (kept referenced)
