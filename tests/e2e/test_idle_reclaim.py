@@ -3,7 +3,8 @@ Eviction API, kwok nodes.
 
 `test_the_real_plugin_names_the_idle_pod_and_the_scheduler_reclaims_it`: the device plugin process (fake NVML
 scripted through its events file, a 1 s window) writes gpupool.io/idle-pods for the one pod whose GPU does
-nothing; a pending pod within its guarantee takes that pod's GPU and nothing busy goes.
+nothing, never for a bursty pod (busy 0.2 s every 0.8 s); a pending pod within its guarantee takes the idle
+pod's GPU and nothing busy or bursty goes.
 
 `test_an_idle_pod_is_reclaimed_for_a_guaranteed_pod_and_nothing_else_is` writes the annotation itself, as the
 plugin's stand-in, to list pods the plugin would not (one in its start grace, one annotated never). One
@@ -207,19 +208,32 @@ def test_the_real_plugin_names_the_idle_pod_and_the_scheduler_reclaims_it(
             for i in range(4):
                 kube.core.create_namespaced_pod(others, pod(f"w-{i}", proc.name, pool, gpus=1))
             bound = wait_bound(kube, others, 4, timeout_s=60)
+            def gpu_of(name: str) -> str:
+                found = next(p for p in bound if p["metadata"]["name"] == name)
+                assignment = parse_assignment(found["metadata"].get("annotations"))
+                assert assignment is not None
+                (gpu,) = assignment.containers[0].devices["nvidia.com/gpu"]
+                return str(gpu)
+
             chosen = next(p for p in bound if p["metadata"]["name"] == "w-2")
-            assignment = parse_assignment(chosen["metadata"].get("annotations"))
-            assert assignment is not None
-            (gpu,) = assignment.containers[0].devices["nvidia.com/gpu"]
-            with plugin.events.open("a") as fh:  # ...until w-2's GPU does nothing
-                fh.write(json.dumps({"uuid": gpu, "activity": {"utilization": 0, "memoryUsedMiB": 8000}}) + "\n")
+            with plugin.events.open("a") as fh:  # ...until w-2's GPU does nothing, and w-1's works in bursts
+                fh.write(json.dumps({"uuid": gpu_of("w-2"), "activity": {"utilization": 0, "memoryUsedMiB": 8000}})
+                         + "\n")
+                # busy 0.2 s every 0.8 s: quiet most of the time, never for a whole 1 s window
+                fh.write(json.dumps({"uuid": gpu_of("w-1"), "activity": {
+                    "utilization": 60, "memoryUsedMiB": 8000, "burst": {"everyS": 0.8, "busyS": 0.2}}}) + "\n")
 
             def listed() -> set[str]:
                 return set(parse_idle_pods((kube.core.read_node(node).metadata.annotations or {})
                                            .get(IDLE_PODS_ANNOTATION)))
 
             wait_until(lambda: listed() == {chosen["metadata"]["uid"]}, 30, "the plugin lists w-2 idle, alone")
-            time.sleep(2)  # past --idle-after
+            seen: set[str] = set()
+            deadline = time.monotonic() + 4.0  # past --idle-after, the bursty w-1 is never listed meanwhile
+            while time.monotonic() < deadline:
+                seen |= listed()
+                time.sleep(0.1)
+            assert seen == {chosen["metadata"]["uid"]}, seen
             kube.core.create_namespaced_pod(team, pod("train", proc.name, pool, gpus=1))
             wait_bound(kube, team, 1, timeout_s=60)
             (reclaimed,) = wait_until(lambda: events_for(kube, others, "w-2", "IdleReclaimed"), 30,
