@@ -17,15 +17,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.crds import install_crds
 from tests.support.defrag_cluster import bound, deployment
 from tests.support.scheduler_harness import (
     SchedulerProcess,
@@ -38,33 +37,15 @@ from tests.support.scheduler_harness import (
     wait_until,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "deploy" / "crds" / "scheduling.x-k8s.io_podgroups.yaml"
 GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 GRACE_S = 10
 NO_FLAP_S = 40.0
 MIN, MAX = 2, 6
 
 
-def ensure_crd(kube: ClusterClient, path: Path) -> None:
-    body = yaml.safe_load(path.read_text())
-    ext = client.ApiextensionsV1Api(kube.api_client)
-    try:
-        ext.create_custom_resource_definition(body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-    def established() -> bool:
-        crd = ext.read_custom_resource_definition(body["metadata"]["name"])
-        return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or ()))
-
-    wait_until(established, 30, "PodGroup CRD established", interval=0.2)
-
-
 @pytest.fixture(scope="module")
 def pool(kube: ClusterClient) -> Iterator[tuple[str, list[str]]]:
-    ensure_crd(kube, CRD)
+    install_crds(kube.api_client)  # the PodGroup CRD among the project's
     name = unique("elastic")
     nodes = add_pool_nodes(kube, name, "l40s-pcie", 2)
     yield name, nodes

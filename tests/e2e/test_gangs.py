@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from gpupool_devcluster.client import ClusterClient
+from gpupool_devcluster.crds import install_crds
 from gpupool_devcluster.fake_pods import create_pods
 from tests.support.scheduler_harness import (
     SchedulerProcess,
@@ -33,27 +32,8 @@ from tests.support.scheduler_harness import (
     wait_until,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "deploy" / "crds" / "scheduling.x-k8s.io_podgroups.yaml"
 LABEL = "scheduling.x-k8s.io/pod-group"
 GROUP, VERSION, PLURAL = "scheduling.x-k8s.io", "v1alpha1", "podgroups"
-
-
-def ensure_crd(kube: ClusterClient, path: Path) -> None:
-    """Create the CRD unless it exists, and wait until it is served."""
-    body = yaml.safe_load(path.read_text())
-    ext = client.ApiextensionsV1Api(kube.api_client)
-    try:
-        ext.create_custom_resource_definition(body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-    def established() -> bool:
-        crd = ext.read_custom_resource_definition(body["metadata"]["name"])
-        return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or ()))
-
-    wait_until(established, 30, f"CRD {body['metadata']['name']} established", interval=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +43,7 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def pool(kube: ClusterClient) -> Iterator[tuple[str, list[str]]]:
-    ensure_crd(kube, CRD)
+    install_crds(kube.api_client)  # the PodGroup CRD among the project's
     name = unique("gang")
     nodes = add_pool_nodes(kube, name, "dgx-h100", 3)  # 24 GPUs
     yield name, nodes
