@@ -130,6 +130,9 @@ def test_the_bound_never_exceeds_the_true_minimum(seed):
     assert capacity(nodes) - pattern.value <= truth + 1e-6
     assert capacity(nodes) - config.value <= truth + 1e-6
     assert config.value <= pattern.value + 1e-6
+    # CPU and memory per type in aggregate: a relaxation between the two
+    aggregate = pattern_lp(inst, with_cpu=True)
+    assert aggregate.converged and config.value - 1e-6 <= aggregate.value <= pattern.value + 1e-6
     assert 0 <= exact_bound(nodes, pods) <= truth
     assert 0 <= lower_bound(nodes, pods).unallocated_milli <= truth
 

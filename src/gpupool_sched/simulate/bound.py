@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import gcd
 
 import numpy as np
@@ -153,17 +153,26 @@ def _best_pattern(sizes: Sequence[int], prices: Sequence[float]) -> tuple[float,
     return best[cap], tuple(counts)
 
 
-def pattern_lp(inst: Instance, *, with_cpu: bool = True, max_rounds: int = 200) -> LpResult:
+def pattern_lp(inst: Instance, *, with_cpu: bool = False, max_rounds: int = 200) -> LpResult:
     """Max GPU milli of the class counts packed per node type: whole-GPU pods on whole GPUs, shares in
-    per-GPU patterns (column generation, priced by an exact knapsack); CPU and memory per type in
-    aggregate when ``with_cpu``. Multi-GPU pods' co-location on one node is dropped."""
+    per-GPU patterns (column generation, priced by an exact knapsack). CPU and memory count only in which
+    node types a pod fits, and per type in aggregate when ``with_cpu``; without, classes that differ only
+    in CPU and memory but fit the same node types are merged (a smaller LP, the same optimum).
+    Multi-GPU pods' co-location on one node is dropped."""
     from scipy.optimize import linprog
     from scipy.sparse import csr_matrix, diags
 
     start = time.perf_counter()
-    K, T = inst.classes, inst.types
-    sizes = sorted({k.milli for k in K if k.share})
-    xs = [(t, k) for t in range(len(T)) for k in range(len(K)) if T[t].admits(K[k])]
+    T = inst.types
+    fits = [tuple(t for t in range(len(T)) if T[t].admits(pc)) for pc in inst.classes]
+    merged: dict[object, list[int]] = {}
+    for i, pc in enumerate(inst.classes):
+        key = i if with_cpu else (pc.gpus, pc.milli, pc.models, fits[i])
+        merged.setdefault(key, []).append(i)
+    groups = list(merged.values())
+    K = [replace(inst.classes[g[0]], count=sum(inst.classes[i].count for i in g)) for g in groups]
+    sizes = sorted({pc.milli for pc in K if pc.share})
+    xs = [(t, k) for k in range(len(K)) for t in fits[groups[k][0]]]
     patterns: list[list[tuple[int, ...]]] = [
         [tuple(MILLI // s if j == i else 0 for j in range(len(sizes))) for i, s in enumerate(sizes)]
         for _ in T
@@ -171,7 +180,7 @@ def pattern_lp(inst: Instance, *, with_cpu: bool = True, max_rounds: int = 200) 
     rows_per_type = 1 + len(sizes) + (2 if with_cpu else 0)
     n_rows = len(K) + len(T) * rows_per_type
     b = np.zeros(n_rows)
-    b[: len(K)] = [k.count for k in K]
+    b[: len(K)] = [pc.count for pc in K]
     for t, nt in enumerate(T):
         r = len(K) + t * rows_per_type
         b[r] = nt.count * nt.gpus
@@ -187,7 +196,7 @@ def pattern_lp(inst: Instance, *, with_cpu: bool = True, max_rounds: int = 200) 
             entries += [(r + 1 + len(sizes), float(kc.cpu)), (r + 2 + len(sizes), float(kc.mem))]
         cols_x.append((entries, float(kc.value)))
     if not xs:
-        return LpResult(0.0, True, 0, (0.0,) * len(K), time.perf_counter() - start)
+        return LpResult(0.0, True, 0, (0.0,) * len(inst.classes), time.perf_counter() - start)
     base_rows = [i for entries, _ in cols_x for i, _ in entries]
     base_cols = [j for j, (entries, _) in enumerate(cols_x) for _ in entries]
     base_vals = [v for entries, _ in cols_x for _, v in entries]
@@ -238,11 +247,15 @@ def pattern_lp(inst: Instance, *, with_cpu: bool = True, max_rounds: int = 200) 
                 for t in range(len(T)):
                     for r in (len(K) + t * rows_per_type + 1 + len(sizes) + i for i in (0, 1)):
                         slack = min(slack, float(res.ineqlin.residual[r] * scale[r] / b[r]))
+            per_class = [0.0] * len(inst.classes)
+            for row, members in enumerate(groups):
+                for i in members:
+                    per_class[i] = max(0.0, float(duals[row]))
             return LpResult(
                 value if converged else bound,
                 converged,
                 rounds,
-                tuple(max(0.0, float(d)) for d in duals[: len(K)]),
+                tuple(per_class),
                 time.perf_counter() - start,
                 slack,
             )
