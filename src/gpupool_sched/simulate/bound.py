@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from math import gcd
 
 import numpy as np
@@ -410,7 +410,6 @@ class Bound:
     pattern: LpResult
     config: LpResult | None
     seconds: float
-    detail: dict[str, float] = field(default_factory=dict)
 
     @property
     def unallocated_milli(self) -> int:
@@ -432,7 +431,7 @@ def lower_bound(
     pattern = pattern_lp(inst)
     config = config_lp(inst, pattern.duals, max_rounds=config_rounds, node_limit=node_limit) if config_rounds else None
     ub = min(pattern.value, config.value if config else float("inf"), float(inst.requested), float(inst.capacity))
-    # OPT is an integer; a relative 1e-9 slack absorbs HiGHS's floating-point tolerances
-    opt_bound = int(np.floor(ub + 1e-6 * max(1.0, ub) ** 0.5 + 1e-9 * ub))
+    # OPT is an integer; a relative 1e-6 slack absorbs HiGHS's floating-point tolerances
+    opt_bound = int(np.floor(ub * (1 + 1e-6)))
     return Bound(len(pods), inst.capacity, min(opt_bound, inst.capacity), pattern, config,
                  time.perf_counter() - start)
