@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -75,6 +76,9 @@ def test_all_policies_write_json_and_plot(tmp_path, trace):
         (["--policy", "tetris"], "unknown policy 'tetris'"),
         (["--ratio", "0"], "--ratio must be in (0, 10]"),
         (["--event-order", "/nonexistent.csv.gz"], "/nonexistent.csv.gz: cannot read event order"),
+        (["--policy", "none"], "--policy none runs no policy: give --bound with it"),
+        (["--policy", "none", "--bound", "--plot", "x.png"], "--plot with --policy none: there are no allocation"),
+        (["--policy", "fgd,none", "--bound"], "unknown policy 'none'"),
     ],
 )
 def test_bad_arguments_give_one_clear_line(trace, args, message):
@@ -82,6 +86,26 @@ def test_bad_arguments_give_one_clear_line(trace, args, message):
     out = gpupool("simulate", "--nodes", str(nodes), "--pods", str(pods), *args)
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bound_is_printed_beside_the_policies_and_in_the_json(tmp_path, trace):
+    nodes, pods = trace
+    out = gpupool("simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "best-fit,fgd", "--bound",
+                  "--json", str(tmp_path / "r.json"))
+    assert out.returncode == 0, out.stderr
+    reports = json.loads((tmp_path / "r.json").read_text())
+    assert [r["policy"] for r in reports] == ["best-fit", "fgd", "bound"]
+    bound = reports[-1]
+    assert bound["trace"] == "tiny" and bound["total_gpus"] == 24 and bound["pattern_lp_converged"]
+    assert 0 <= bound["unallocated_pct"] <= min(r["final"]["unallocated_pct"] for r in reports[:-1])
+    row = next(line for line in out.stdout.splitlines() if "bound (any policy)" in line)
+    assert f">= {bound['unallocated_pct']:.2f}" in row
+
+    alone = gpupool("simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "none", "--bound",
+                    "--json", str(tmp_path / "b.json"))
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads((tmp_path / "b.json").read_text()) == [bound | {"seconds": ANY}]
+    assert "bound (any policy)" in alone.stdout and "fgd" not in alone.stdout
 
 
 def test_a_truncated_csv_names_the_file_and_line(tmp_path, trace):

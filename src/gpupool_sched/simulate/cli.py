@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--policy",
         default="all",
-        help=f"one of {', '.join(POLICIES)}, or 'all' (default); several as a comma-separated list (fgd,gpupool)",
+        help=f"one of {', '.join(POLICIES)}, or 'all' (default); several as a comma-separated list (fgd,gpupool); "
+        "'none' with --bound: only the bound",
     )
     p.add_argument("--seed", type=int, default=42, help=f"arrival order seed, 0..{MAX_SEED} (default 42)")
     p.add_argument("--event-order", type=Path, help="replay a published run's pod order and node tie-breaks")
@@ -64,6 +65,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="accept this GPU model on nodes besides the known ones (repeatable); known: "
         + ", ".join(sorted(KNOWN_GPU_MODELS)),
+    )
+    p.add_argument(
+        "--bound",
+        action="store_true",
+        help="also print a lower bound on the unallocated GPUs at 100%% arrived that no policy can beat "
+        "(an LP relaxation solved with HiGHS; docs/simulator.md, 'A lower bound'); with --policy none, "
+        "only the bound",
     )
     p.add_argument("--ratio", type=float, default=1.3,
                    help="arrivals up to this multiple of GPU capacity, in (0, 10]")
@@ -116,7 +124,10 @@ def _progress(stack: ExitStack) -> Callable[[str, int], Callable[[int], None]] |
 
 
 def policy_names(value: str) -> list[str]:
-    """``--policy``: one name, ``all``, or a comma-separated list of them (order kept, repeats dropped)."""
+    """``--policy``: one name, ``all``, or a comma-separated list of them (order kept, repeats dropped);
+    ``none`` (only with --bound) runs no policy."""
+    if value.strip() == "none":
+        return []
     names: list[str] = []
     for item in (part.strip() for part in value.split(",")):
         if not item:
@@ -165,6 +176,15 @@ def check_plot_format(path: Path) -> None:
 def check_arguments(args: argparse.Namespace) -> list[str]:
     """Every flag checked, and the policies to run, before any file is read."""
     names = policy_names(args.policy)
+    if not names and not args.bound:
+        raise UserError("--policy none runs no policy: give --bound with it (only the bound), or name policies")
+    if not names and args.plot:
+        raise UserError("--plot with --policy none: there are no allocation curves to draw")
+    if args.bound:
+        try:
+            import scipy.optimize  # noqa: F401
+        except ModuleNotFoundError:
+            raise UserError("--bound needs scipy (HiGHS): pip install scipy") from None
     if not 0 <= args.seed <= MAX_SEED:
         raise UserError(f"--seed must be in 0..{MAX_SEED}, got {args.seed}")
     if args.json:
@@ -190,6 +210,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     for warning in trace.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    bound = None
+    if args.bound:
+        from gpupool_sched.simulate.run import bound_report
+
+        bound = bound_report(trace, workload)
     with ExitStack() as stack:
         reports = simulate(
             trace,
@@ -202,13 +227,13 @@ def run(args: argparse.Namespace) -> int:
         )
     from rich.console import Console
 
-    from gpupool_sched.simulate.report import off_full, render_table
+    from gpupool_sched.simulate.report import off_full, render_table, report_json
 
     for note in off_full(reports):
         print(f"warning: {note}", file=sys.stderr)
-    Console(width=None if sys.stdout.isatty() else 110).print(render_table(reports))
+    Console(width=None if sys.stdout.isatty() else 110).print(render_table(reports, bound))
     if args.json:
-        payload = reports[0].model_dump() if len(reports) == 1 else [r.model_dump() for r in reports]
+        payload = report_json(reports, bound)
         try:
             args.json.write_text(json.dumps(payload, indent=1) + "\n")
         except OSError as exc:  # checked before the run; the disk may still fill up

@@ -50,6 +50,33 @@ class SimulationReport(BaseModel):
     final: FinalMetrics
 
 
+class BoundReport(BaseModel):
+    """A lower bound on the unallocated GPU capacity any policy leaves on the same arrivals (bound.py)."""
+
+    policy: str = "bound"
+    trace: str
+    seed: int
+    event_order: str | None = None
+    total_gpus: int
+    pods: int = Field(description="the arrivals bounded: those the reports' numbers at 100% arrived cover")
+    unallocated_pct: float = Field(description="lower bound on unallocated GPU capacity, %, rounded down")
+    unallocated_gpus: float = Field(description="the same in GPUs")
+    max_allocated_milli: int = Field(description="upper bound on the GPU milli any placement of those pods holds")
+    pattern_lp_converged: bool
+    config_lp: str | None = Field(
+        default=None, description="configuration LP: 'converged' (its optimum), 'lagrangian' (a bound from "
+        "its duals) or null (not run)"
+    )
+    seconds: float = Field(description="wall time of the bound")
+
+
+def report_json(reports: Sequence[SimulationReport], bound: BoundReport | None = None) -> object:
+    """The --json payload: one report as an object, several (or one with the bound) as a list; the bound is
+    the list's last entry (``"policy": "bound"``)."""
+    items: list[dict] = [r.model_dump() for r in reports] + ([bound.model_dump()] if bound else [])
+    return items[0] if len(items) == 1 and not bound else items
+
+
 def final_point(result: ReplayResult, curve: dict[int, float]) -> tuple[float, float]:
     """(arrived %, allocated %) where the final metrics are read: the curve at 100% when it has that point;
     otherwise the event the replay measured fragmentation and failed pods at (the first arrival reaching
@@ -109,17 +136,18 @@ def off_full(reports: Sequence[SimulationReport]) -> list[str]:
     return notes
 
 
-def render_table(reports: Sequence[SimulationReport]):
+def render_table(reports: Sequence[SimulationReport], bound: BoundReport | None = None):
     from rich.table import Table
 
-    first = reports[0]
+    first: SimulationReport | BoundReport = reports[0] if reports else bound  # type: ignore[assignment]
     notes = off_full(reports)
     caption = TABLE_CAPTION
     if notes:
         caption = TABLE_CAPTION.replace("measured when arrivals reach 100% of GPU capacity", "measured at the "
                                         "'arrived %' column (100% of GPU capacity when the curve has that point)")
     table = Table(
-        title=f"trace {first.trace}: {first.total_gpus} GPUs, {first.pods} arrivals, seed {first.seed}",
+        title=f"trace {first.trace}: {first.total_gpus} GPUs, {first.pods} arrivals"
+        f"{'' if reports else ' up to 100%'}, seed {first.seed}",
         caption=caption,
         caption_justify="left",
     )
@@ -128,7 +156,7 @@ def render_table(reports: Sequence[SimulationReport]):
         columns.insert(1, "arrived %")
     for col in columns:
         table.add_column(col, justify="left" if col == "policy" else "right")
-    best = min(r.final.unallocated_pct for r in reports)
+    best = min((r.final.unallocated_pct for r in reports), default=0.0)
     for r in reports:
         f = r.final
         mark = "bold green" if f.unallocated_pct == best and len(reports) > 1 else None
@@ -142,4 +170,16 @@ def render_table(reports: Sequence[SimulationReport]):
             f"{f.seconds:.1f}",
             style=mark,
         )
+    if bound is not None:
+        table.add_row(
+            "bound (any policy)",
+            *([f"{reports[0].final.arrived_pct:.2f}"] if notes else []),
+            f"<= {100 - bound.unallocated_pct:.2f}",
+            f">= {bound.unallocated_pct:.2f}",
+            "",
+            "",
+            f"{bound.seconds:.1f}",
+            style="italic",
+        )
+        table.caption = f"{table.caption}; bound: no placement of the same arrivals leaves fewer GPUs unallocated"
     return table

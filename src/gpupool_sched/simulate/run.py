@@ -14,7 +14,7 @@ from gpupool_sched.placement.registry import POLICIES, build_policy
 from gpupool_sched.placement.workload import RollingProfile, typical_gpu_memory_mib
 from gpupool_sched.simulate.arrivals import read_event_order, seeded_arrivals
 from gpupool_sched.simulate.replay import Progress, replay
-from gpupool_sched.simulate.report import SimulationReport, build_report
+from gpupool_sched.simulate.report import BoundReport, SimulationReport, build_report
 from gpupool_sched.simulate.trace import Trace
 
 ProfileSource = Literal["trace", "rolling"]
@@ -88,3 +88,24 @@ def simulate(
         )
         reports.append(build_report(result, trace.name, workload.seed, workload.event_order))
     return reports
+
+
+def bound_report(trace: Trace, workload: Workload, *, config_rounds: int = 0) -> BoundReport:
+    """The lower bound on unallocated GPUs, on the arrivals the reports measure at (bound.py)."""
+    from gpupool_sched.simulate.bound import lower_bound, measured_prefix
+
+    n = measured_prefix(workload.arrivals, trace.total_gpus)
+    b = lower_bound(trace.nodes, workload.arrivals[:n], config_rounds=config_rounds)
+    return BoundReport(
+        trace=trace.name,
+        seed=workload.seed,
+        event_order=workload.event_order,
+        total_gpus=trace.total_gpus,
+        pods=n,
+        unallocated_pct=b.unallocated_pct,
+        unallocated_gpus=round(b.unallocated_milli / 1000, 3),
+        max_allocated_milli=b.max_allocated_milli,
+        pattern_lp_converged=b.pattern.converged,
+        config_lp=None if b.config is None else ("converged" if b.config.converged else "lagrangian"),
+        seconds=round(b.seconds, 2),
+    )
