@@ -4,12 +4,14 @@ assignment in the Binding, the plugin process watching them, the kubelet stand-i
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
 import grpc
 import pytest
 
+from gpupool_common.idlepods import IDLE_PODS_ANNOTATION, parse_idle_pods
 from gpupool_common.inventory import INVENTORY_ANNOTATION, parse_inventory
 from gpupool_deviceplugin.publication import OWNED_LABELS
 from tests.support.handshake_node import Cluster, gpu_of
@@ -204,12 +206,21 @@ def test_node_labels_and_inventory_are_patched_only_when_they_change(kube, clust
     first = PluginProcess(tmp_path, kubelet_dir, "l40s-pcie", node=cluster.node, kubeconfig=kube.kubeconfig).start()
     try:
         first.wait_log(r"published GPU labels/inventory on node")
-        node = core.read_node(cluster.node)
+        # The idle sampler's first measurement lands before or after the first patch (one patch or two).
+        node = eventually(lambda: (n := core.read_node(cluster.node)) and IDLE_PODS_ANNOTATION in
+                          (n.metadata.annotations or {}) and n, what="the idle pods measured and published")
         assert node.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-L40S"
         assert node.metadata.labels["nvidia.com/gpu.count"] == "4"
         inv = json.loads(node.metadata.annotations[INVENTORY_ANNOTATION])
         assert inv["version"] == 1 and [g["uuid"] for g in inv["gpus"]] == cluster.uuids
-        assert first.metric("gpupool_deviceplugin_node_patches_total", result="patched") == 1
+        parse_idle_pods(node.metadata.annotations[IDLE_PODS_ANNOTATION])
+        patches = re.findall(r"published GPU labels/inventory on node \S+ \((.*)\)", first.log())
+        assert first.metric("gpupool_deviceplugin_node_patches_total", result="patched") == len(patches)
+        written = [key for line in patches for key in line.split(", ")]
+        assert len(written) == len(set(written)), f"a key was patched twice: {patches}"
+        owned = set(OWNED_LABELS) | {INVENTORY_ANNOTATION, IDLE_PODS_ANNOTATION}
+        on_node = {k for k in owned if k in node.metadata.labels or k in node.metadata.annotations}
+        assert set(written) == on_node
     finally:
         first.stop()
     version = core.read_node(cluster.node).metadata.resource_version
