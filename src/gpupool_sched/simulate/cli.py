@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpupool_sched.errors import UserError
 from gpupool_sched.placement.registry import POLICIES
+from gpupool_sched.simulate import whatif
 from gpupool_sched.simulate.run import PROFILE_SOURCES, prepare_workload, simulate
 from gpupool_sched.simulate.trace import KNOWN_GPU_MODELS, TraceError, read_trace
 
@@ -96,6 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="FGD's workload profile: the trace's pod mix (default) or, as the scheduler does, "
         "a rolling window of the pods arrived so far",
     )
+    whatif.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -196,6 +198,8 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_cluster:
+        return whatif.run(args)
     names = check_arguments(args)
     if (args.nodes is None) != (args.pods is None):
         raise UserError("give both --nodes and --pods, or neither (the bundled openb default trace)")
