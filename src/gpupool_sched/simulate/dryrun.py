@@ -50,15 +50,22 @@ class DryRunApi(KubeApi):
     recorded and answered as if it succeeded. A lane (`KubeApi.lane`) shares the recorded writes and the
     listings."""
 
-    def __init__(self, api_client: Any, *, component: str = "gpupool-whatif") -> None:
+    def __init__(self, api_client: Any, *, component: str = "gpupool-whatif",
+                 offline: Mapping[str, list[dict[str, Any]]] | None = None) -> None:
+        """`offline`: the listings (path -> objects) to serve instead of the API server's; any other path
+        lists empty (a cluster saved earlier, or a test's)."""
         super().__init__(api_client, workers=1, component=component)
-        self.listings: dict[str, list[tuple[list[dict[str, Any]], str]]] = {}
+        self.listings: dict[str, list[tuple[list[dict[str, Any]], str]]] = {
+            path: [(list(objects), "1")] for path, objects in (offline or {}).items()}
+        self.offline = offline is not None
         self.refused: dict[str, ApiError] = {}
         self.writes: list[Write] = []
 
     async def list_pages(self, path: str, page: int = 500) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
         if path in self.refused:
             raise self.refused[path]
+        if path not in self.listings and self.offline:
+            self.listings[path] = [([], "1")]
         if path not in self.listings:
             pages = []
             try:
