@@ -102,6 +102,17 @@ def test_what_if_for_the_current_policy_is_what_the_scheduler_then_does(
         victims = sorted(v.partition("/")[2] for v in decided["crit"].get("victims", ()))
         assert victims and answer["preemptions"] == len(victims), decided["crit"]
 
+        # every policy, and a continuation drawn from the cluster's mix: a table, still nothing written
+        table = simulate("--scheduler-name", name, "--policy", "current,best-fit,fgd", "--continue", "6",
+                         "--seed", "1", kubeconfig=reader)
+        assert table.returncode == 0, table.stderr
+        print(table.stdout)
+        rows = [line for line in table.stdout.splitlines() if line.startswith("│")]
+        assert [r.split("│")[1].strip() for r in rows] == ["gpupool", "best-fit", "fgd"], table.stdout
+        assert all(r.split("│")[2].strip() == "5/5" and r.split("│")[3].strip().endswith("/6") for r in rows)
+        assert all(not p["spec"].get("nodeName") for p in list_pods(kube, namespace) if p["metadata"]["name"]
+                   in decided)
+
         live = start_scheduler(kube, name, tmp_path)
         try:
             def all_bound() -> list[dict[str, Any]] | None:
