@@ -29,15 +29,18 @@ def read_only_kubeconfig(kube: ClusterClient, namespace: str, path: Path, role: 
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
             "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
         })
-        kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": "reader"}})
-        request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[],
-                                                                                     expiration_seconds=3600))
-        token = str(kube.core.create_namespaced_service_account_token("reader", namespace, request).status.token)
-        write_kubeconfig(path, server=kube.server, ca_cert=kube.cluster.layout.pki.ca_cert,
-                         user=f"system:serviceaccount:{namespace}:reader", token=token,
-                         cluster_name=kube.cluster.name)
-        yield path
+        yield account_kubeconfig(kube, namespace, "reader", path)
     finally:
         for delete in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
             with contextlib.suppress(client.ApiException):
                 delete(role)
+
+
+def account_kubeconfig(kube: ClusterClient, namespace: str, account: str, path: Path) -> Path:
+    """`path`: a kubeconfig with a fresh token of a new ServiceAccount `account` (no role of its own)."""
+    kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
+    token = str(kube.core.create_namespaced_service_account_token(account, namespace, request).status.token)
+    write_kubeconfig(path, server=kube.server, ca_cert=kube.cluster.layout.pki.ca_cert,
+                     user=f"system:serviceaccount:{namespace}:{account}", token=token, cluster_name=kube.cluster.name)
+    return path

@@ -9,13 +9,16 @@ import contextlib
 import io
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 import gpupool_sched.cli as gpupool_cli
 from gpupool_deviceplugin.publication import node_publication_for_profile
+from gpupool_sched.errors import UserError
 from gpupool_sched.scheduler.service import SchedulerConfig
 from gpupool_sched.simulate.continuation import draw, recent_mix
 from gpupool_sched.simulate.dryrun import Decision, DryRunApi, Outcome, run_what_if
+from gpupool_sched.simulate.whatif import policy_of
 from gpupool_sched.simulate.whatif_report import report_json, summary
 
 SCHED = "gpupool"
@@ -138,11 +141,13 @@ def test_report_counts_placed_pending_victims_and_moves() -> None:
         "t/b": Decision("t/b", False, reason="no room"),
         "t/c": Decision("t/c", True, node="n1", moves=["t/m"]),
         "t/d": Decision("t/d", True),
+        "t/e": Decision("t/e", False, node="n1", evicted_by="t/a"),
     }
-    outcome = Outcome("fgd", decisions, ["t/a", "t/c"], ["t/a", "t/b"], ["t/c", "t/d"], total_gpus=16,
-                      allocated_milli=12_000, fragmented_milli=1_500.0, unsettled=[])
+    outcome = Outcome("fgd", decisions, ["t/a", "t/c", "t/e"], ["t/a", "t/b", "t/e"], ["t/c", "t/d"],
+                      total_gpus=16, allocated_milli=12_000, fragmented_milli=1_500.0, unsettled=[])
     s = summary(outcome)
-    assert (s["pending_placed"], s["continuation_placed"], s["still_pending"]) == (1, 1, 2)
+    assert (s["pending_placed"], s["continuation_placed"], s["evicted_after_placing"], s["still_pending"]) == \
+        (1, 1, 1, 2)
     assert (s["preemptions"], s["moves"], s["allocated_percent"], s["fragmented_gpus"]) == (2, 1, 75.0, 1.5)
     payload = report_json([outcome], server="https://x", scheduler_name=SCHED, seed=3, continuation=2)
     [policy] = payload["policies"]
@@ -182,3 +187,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Any) -> None:
                       "contexts: [{name: c, context: {cluster: c, user: u}}]\n")
     line = one_line(["--kubeconfig", str(closed), "--policy", "best-fit"])
     assert "cannot reach the API server at http://127.0.0.1:9" in line
+
+
+def test_the_current_policy_is_the_chart_configmaps_one() -> None:
+    def cm(namespace: str, policy: str | None) -> dict[str, Any]:
+        return {"metadata": {"namespace": namespace, "name": "gpupool-scheduler-policy"},
+                "data": {} if policy is None else {"policy": policy}}
+
+    assert policy_of([cm("a", "fgd"), cm("b", "fgd"), cm("c", None)]) == "fgd"
+    with pytest.raises(UserError, match="no scheduler ConfigMap with a 'policy' key"):
+        policy_of([cm("c", None)])
+    with pytest.raises(UserError, match="disagree: a/gpupool-scheduler-policy says 'fgd', b/"):
+        policy_of([cm("a", "fgd"), cm("b", "best-fit")])
+    with pytest.raises(UserError, match="names an unknown policy 'nope'"):
+        policy_of([cm("a", "nope")])

@@ -108,6 +108,7 @@ class Decision:
     moves: list[str] = field(default_factory=list)  # pods moved elsewhere so that it fits (consolidate)
     nominated: str | None = None  # node it waited for while its victims went
     reason: str | None = None  # the last FailedScheduling message, when it is not bound
+    evicted_by: str | None = None  # bound, then evicted for this pod (a later decision's victim)
 
 
 @dataclass
@@ -240,6 +241,8 @@ class _World:
                 if beneficiary is not None:
                     d = self.decision(beneficiary)
                     (d.moves if moving else d.victims).append(victim)
+                if victim in self.decisions and not moving:
+                    self.decisions[victim].evicted_by = beneficiary
                 self._evicted(victim)
             elif write.method == "PATCH" and parts[-1] == "status" and "pods" in parts:
                 key = f"{parts[3]}/{parts[5]}"

@@ -148,8 +148,15 @@ async def current_policy(api: Any) -> str:
     except ApiError as exc:
         raise UserError(f"--policy current: listing ConfigMaps failed: {exc}; name the policy instead "
                         f"(one of {', '.join(POLICIES)})") from None
+    return policy_of(maps)
+
+
+def policy_of(configmaps: list[dict[str, Any]]) -> str:
+    """The one policy the chart's scheduler ConfigMaps name (UserError: none, several, an unknown one)."""
+    from gpupool_sched.placement.registry import POLICIES
+
     found = {f"{(m.get('metadata') or {}).get('namespace')}/{(m.get('metadata') or {}).get('name')}":
-             str((m.get("data") or {}).get("policy", "")) for m in maps if "policy" in (m.get("data") or {})}
+             str((m.get("data") or {}).get("policy", "")) for m in configmaps if "policy" in (m.get("data") or {})}
     if not found:
         raise UserError(f"--policy current: no scheduler ConfigMap with a 'policy' key ({CHART_SELECTOR}); "
                         f"name the policy instead (one of {', '.join(POLICIES)})")
@@ -159,6 +166,5 @@ async def current_policy(api: Any) -> str:
                         + ", ".join(f"{k} says {v!r}" for k, v in sorted(found.items())))
     policy = policies.pop()
     if policy not in POLICIES:
-        where = ", ".join(sorted(found))
-        raise UserError(f"--policy current: {where} names an unknown policy {policy!r}")
+        raise UserError(f"--policy current: {', '.join(sorted(found))} names an unknown policy {policy!r}")
     return policy

@@ -13,9 +13,11 @@ from gpupool_sched.simulate.dryrun import Outcome
 
 
 def summary(outcome: Outcome) -> dict[str, Any]:
-    bound = {key for key, d in outcome.decisions.items() if d.node is not None}
+    bound = {key for key, d in outcome.decisions.items() if d.node is not None and d.evicted_by is None}
     pending_placed = sum(1 for key in outcome.pending if key in bound)
     synthetic_placed = sum(1 for key in outcome.synthetic if key in bound)
+    evicted = sum(1 for key in (*outcome.pending, *outcome.synthetic)
+                  if key in outcome.decisions and outcome.decisions[key].evicted_by is not None)
     capacity = outcome.total_gpus * MILLI
     return {
         "policy": outcome.policy,
@@ -23,7 +25,8 @@ def summary(outcome: Outcome) -> dict[str, Any]:
         "pending_placed": pending_placed,
         "continuation": len(outcome.synthetic),
         "continuation_placed": synthetic_placed,
-        "still_pending": len(outcome.pending) + len(outcome.synthetic) - pending_placed - synthetic_placed,
+        "evicted_after_placing": evicted,  # placed, then a later decision's victim
+        "still_pending": len(outcome.pending) + len(outcome.synthetic) - pending_placed - synthetic_placed - evicted,
         "total_gpus": outcome.total_gpus,
         "allocated_percent": round(100.0 * outcome.allocated_milli / capacity, 2) if capacity else 0.0,
         "fragmented_gpus": round(outcome.fragmented_milli / MILLI, 3),
