@@ -201,3 +201,44 @@ def test_the_current_policy_is_the_chart_configmaps_one() -> None:
         policy_of([cm("a", "fgd"), cm("b", "best-fit")])
     with pytest.raises(UserError, match="names an unknown policy 'nope'"):
         policy_of([cm("a", "nope")])
+
+
+def test_a_podgroup_is_placed_whole_or_not_at_all() -> None:
+    from gpupool_sched.framework.plugins.gangs import PODGROUPS
+
+    group = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+             "metadata": {"name": "g", "namespace": "team", "uid": "uid-g", "resourceVersion": "1"},
+             "spec": {"minMember": 2}}
+    members = [pod(f"m{i}", gpus=8, created=i) for i in range(2)]
+    for m in members:
+        m["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "g"
+    listings = {PODGROUPS: [group], "/api/v1/pods": members}
+    for nodes, placed in (([node("n0")], 0), ([node("n0"), node("n1")], 2)):
+        api = DryRunApi(client.ApiClient(client.Configuration(host="http://127.0.0.1:9")),
+                        offline={**listings, "/api/v1/nodes": nodes})
+        outcome = asyncio.run(run_what_if(api, SchedulerConfig(policy="best-fit")))
+        api.close()
+        assert summary(outcome)["pending_placed"] == placed, outcome.decisions
+        if placed:
+            assert {d.node for d in outcome.decisions.values()} == {"n0", "n1"}
+        else:
+            assert all("PodGroup team/g" in (d.reason or "") for d in outcome.decisions.values()), outcome.decisions
+
+
+def test_a_gpuquota_keeps_a_team_within_its_guarantee() -> None:
+    from gpupool_sched.framework.plugins.quotas import NAMESPACES_PATH, QUOTAS_PATH
+
+    namespace = {"metadata": {"name": "team", "labels": {"team": "a"}, "resourceVersion": "1"}}
+    quota = {"apiVersion": "gpupool.io/v1alpha1", "kind": "GpuQuota",
+             "metadata": {"name": "a", "uid": "uid-quota-a", "generation": 1, "resourceVersion": "1"},
+             "spec": {"namespaceSelector": {"matchLabels": {"team": "a"}},
+                      "guaranteed": {"gpus": 3, "memoryUnits": 0}, "borrowingLimit": {"gpus": 0, "memoryUnits": 0}}}
+    pods = [pod(f"p{i}", gpus=2, created=i) for i in range(3)]
+    api = DryRunApi(client.ApiClient(client.Configuration(host="http://127.0.0.1:9")),
+                    offline={NAMESPACES_PATH: [namespace], QUOTAS_PATH: [quota], "/api/v1/nodes": [node("n0")],
+                             "/api/v1/pods": pods})
+    outcome = asyncio.run(run_what_if(api, SchedulerConfig(policy="best-fit")))
+    api.close()
+    # 8 GPUs free, but the team may hold 3: one 2-GPU pod, the others wait for the quota
+    assert outcome.order == ["team/p0"], outcome.decisions
+    assert all("GpuQuota a" in (outcome.decisions[f"team/p{i}"].reason or "") for i in (1, 2)), outcome.decisions
