@@ -207,22 +207,23 @@ class _World:
     async def settle(self) -> None:
         """Run the writers' tasks to their end and bring what their writes change back, until quiet."""
         service = self.service
+        binds: asyncio.Future[None] | None = None
         for _ in range(SETTLE_ROUNDS):
             for _ in range(3):
                 await service.preemptor.drain()
                 await service.recorder.flush()
                 await asyncio.sleep(0)
-            binds = asyncio.ensure_future(service.binder.drain())
+            if binds is None or binds.done():
+                binds = asyncio.ensure_future(service.binder.drain())
             # a bind may wait at its node's gate for an earlier one's feedback: never block on it
-            done, _ = await asyncio.wait({binds}, timeout=0.01)
+            await asyncio.wait({binds}, timeout=0.01)
             batch = self.api.writes[self._seen:]
             self._seen = len(self.api.writes)
-            if not batch:
-                if done:
-                    return
-                continue
-            self.feed_back(batch)
-        log.warning("the writers did not settle after %d rounds", SETTLE_ROUNDS)
+            if batch:
+                self.feed_back(batch)
+            elif binds.done():
+                return
+        log.error("the scheduler's writers did not settle after %d rounds; the what-if goes on", SETTLE_ROUNDS)
 
     # ---- writes --------------------------------------------------------------------------------
     def feed_back(self, batch: list[Write]) -> None:

@@ -53,15 +53,21 @@ def report_json(outcomes: list[Outcome], *, server: str, scheduler_name: str, se
 
 
 def render_table(outcomes: list[Outcome]) -> Table:
-    table = Table(title="What-if on the live cluster", title_justify="left")
-    for name, justify in (("policy", "left"), ("pending placed", "right"), ("continuation placed", "right"),
-                          ("still pending", "right"), ("GPUs allocated", "right"), ("fragmented GPUs", "right"),
-                          ("preemptions", "right"), ("moves", "right")):
+    table = Table(title="What-if on the live cluster", title_justify="left",
+                  caption="placed: of the pending pods; continuation: synthetic pods placed; evicted: of both, "
+                          "placed and then preempted; pending: of both, still waiting; fragmented: GPUs (FGD); "
+                          "preempted / moved: pods evicted / moved",
+                  caption_justify="left")
+    for name, justify in (("policy", "left"), ("placed", "right"), ("continuation", "right"),
+                          ("evicted", "right"), ("pending", "right"), ("GPUs allocated", "right"),
+                          ("fragmented", "right"),
+                          ("preempted", "right"), ("moved", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for outcome in outcomes:
         s = summary(outcome)
         table.add_row(s["policy"], f"{s['pending_placed']}/{s['pending']}",
-                      f"{s['continuation_placed']}/{s['continuation']}", str(s["still_pending"]),
+                      f"{s['continuation_placed']}/{s['continuation']}", str(s["evicted_after_placing"]),
+                      str(s["still_pending"]),
                       f"{s['allocated_percent']:.1f}% of {s['total_gpus']}", f"{s['fragmented_gpus']:.2f}",
                       str(s["preemptions"]), str(s["moves"]))
     return table
