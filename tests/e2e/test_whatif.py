@@ -108,11 +108,12 @@ def test_what_if_for_the_current_policy_is_what_the_scheduler_then_does(
 
         # every policy, and a continuation drawn from the cluster's mix: a table, still nothing written
         table = simulate("--scheduler-name", name, "--policy", "current,best-fit,fgd", "--continue", "6",
-                         "--seed", "1", kubeconfig=reader)
+                         "--seed", "1", "--candidate=--policy best-fit --defrag off", kubeconfig=reader)
         assert table.returncode == 0, table.stderr
         print(table.stdout)
         rows = [line for line in table.stdout.splitlines() if line.startswith("│")]
-        assert [r.split("│")[1].strip() for r in rows] == ["gpupool", "best-fit", "fgd"], table.stdout
+        assert [r.split("│")[1].strip() for r in rows] == ["gpupool", "best-fit", "fgd",
+                                                           "[--policy best-fit --defrag off]"], table.stdout
         assert all(r.split("│")[3].strip().endswith("/6") for r in rows), table.stdout
         assert all(not p["spec"].get("nodeName") for p in list_pods(kube, namespace) if p["metadata"]["name"]
                    in decided)

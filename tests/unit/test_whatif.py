@@ -18,7 +18,7 @@ from gpupool_sched.errors import UserError
 from gpupool_sched.scheduler.service import SchedulerConfig
 from gpupool_sched.simulate.continuation import draw, recent_mix
 from gpupool_sched.simulate.dryrun import Decision, DryRunApi, Outcome, run_what_if
-from gpupool_sched.simulate.whatif import policy_of
+from gpupool_sched.simulate.whatif import candidate_config, policy_of
 from gpupool_sched.simulate.whatif_report import report_json, summary
 
 SCHED = "gpupool"
@@ -242,3 +242,14 @@ def test_a_gpuquota_keeps_a_team_within_its_guarantee() -> None:
     # 8 GPUs free, but the team may hold 3: one 2-GPU pod, the others wait for the quota
     assert outcome.order == ["team/p0"], outcome.decisions
     assert all("GpuQuota a" in (outcome.decisions[f"team/p{i}"].reason or "") for i in (1, 2)), outcome.decisions
+
+
+def test_a_candidate_configuration_is_the_schedulers_flags() -> None:
+    config = candidate_config("--policy fgd --defrag off --percentage-of-nodes-to-score 50 --leader-elect", "mine")
+    assert (config.policy, config.defrag.enabled, config.percentage_of_nodes_to_score) == ("fgd", False, 50)
+    assert (config.scheduler_name, config.leader_elect) == ("mine", False)  # the what-if's name; decides alone
+    assert candidate_config("", "mine").policy == "gpupool"  # the scheduler's defaults
+    line = one_line(["--candidate", "--policy nope"])
+    assert line.startswith("gpupool simulate: error: --candidate '--policy nope': argument --policy: invalid choice")
+    assert one_line(["--candidate", "--policy 'fgd"]).endswith("--candidate \"--policy 'fgd\": No closing quotation")
+    assert "need --retry-period < --renew-deadline" in one_line(["--candidate", "--retry-period 20"])

@@ -9,11 +9,15 @@ import signal
 import socket
 import sys
 import uuid
+from typing import TYPE_CHECKING
 
 from gpupool_common.clihelp import DefaultsHelpFormatter
 from gpupool_sched.errors import OneLineParser, UserError
 from gpupool_sched.kube import cli_args
 from gpupool_sched.placement.candidates import MIN_CANDIDATE_NODES_ABSOLUTE, MIN_CANDIDATE_NODES_PERCENTAGE
+
+if TYPE_CHECKING:
+    from gpupool_sched.scheduler.service import SchedulerConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -154,13 +158,29 @@ def _window(text: str) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpupool_sched.kube.connection import connect
+
+    cli_args.start_server_process(args.log_level)
+    identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    config = scheduler_config(args, identity)  # every flag checked before connecting
+    api, host, version = connect(args.kubeconfig, component=args.scheduler_name, workers=args.bind_workers)
+    logging.getLogger(__name__).info("API server %s (%s); scheduler %s, identity %s",
+                                     host, version, args.scheduler_name, identity)
+    try:
+        asyncio.run(_serve(config, api, args.metrics_port, args.metrics_address))
+    finally:
+        api.close()
+    return 0
+
+
+def scheduler_config(args: argparse.Namespace, identity: str) -> SchedulerConfig:
+    """The service's configuration from the scheduler's flags (UserError: flags that do not go together).
+    `gpupool simulate --from-cluster --candidate` builds its candidate configurations with it too."""
     from gpupool_sched.framework.plugins.idle import IdleReclaimConfig
     from gpupool_sched.framework.plugins.movers import DefragConfig
-    from gpupool_sched.kube.connection import connect
     from gpupool_sched.scheduler.elastic import ElasticConfig
     from gpupool_sched.scheduler.service import SchedulerConfig
 
-    cli_args.start_server_process(args.log_level)
     if not args.retry_period < args.renew_deadline < args.lease_duration:
         raise UserError("need --retry-period < --renew-deadline < --lease-duration")
     if args.preemption_min_candidate_nodes_percentage == 0 and args.preemption_min_candidate_nodes_absolute == 0:
@@ -174,9 +194,7 @@ def run(args: argparse.Namespace) -> int:
                               background_quiet_s=args.defrag_background_quiet)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    api, host, version = connect(args.kubeconfig, component=args.scheduler_name, workers=args.bind_workers)
-    identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    config = SchedulerConfig(
+    return SchedulerConfig(
         scheduler_name=args.scheduler_name,
         policy=args.policy,
         memory_unit_mib=args.memory_unit_mib,
@@ -204,13 +222,6 @@ def run(args: argparse.Namespace) -> int:
         freeze_gc=True,
         elastic=ElasticConfig(enabled=args.elastic == "on", no_flap_s=args.elastic_no_flap),
     )
-    logging.getLogger(__name__).info("API server %s (%s); scheduler %s, identity %s",
-                                     host, version, args.scheduler_name, identity)
-    try:
-        asyncio.run(_serve(config, api, args.metrics_port, args.metrics_address))
-    finally:
-        api.close()
-    return 0
 
 
 async def _serve(config: object, api: object, metrics_port: int, metrics_address: str) -> None:

@@ -115,7 +115,7 @@ class Decision:
 class Outcome:
     """One policy's what-if: the decisions in the order made, and the cluster after them."""
 
-    policy: str
+    policy: str  # the policy, or the label of a candidate configuration
     decisions: dict[str, Decision]  # pod -> decision, in the order the pods were first decided
     order: list[str]  # pods in the order they were bound
     pending: list[str]  # the cluster's pending pods the what-if started from
@@ -126,10 +126,10 @@ class Outcome:
     unsettled: list[str]  # pods still deciding when the decision limit was reached
 
 
-async def run_what_if(api: DryRunApi, config: SchedulerConfig,
-                      continuation: Iterable[dict[str, Any]] = ()) -> Outcome:
+async def run_what_if(api: DryRunApi, config: SchedulerConfig, continuation: Iterable[dict[str, Any]] = (),
+                      *, label: str | None = None) -> Outcome:
     """Start a service on `api`, let it decide for every pending pod, then for each continuation pod in
-    turn (each arrives once the previous ones are decided)."""
+    turn (each arrives once the previous ones are decided). `label`: the outcome's name (the policy's)."""
     service = SchedulerService(config, api)
     clock = FakeClock(1_000_000.0)
     service.state.clock = clock
@@ -153,7 +153,7 @@ async def run_what_if(api: DryRunApi, config: SchedulerConfig,
         snap = service.state.snapshot
         total = snap.total_gpu_milli
         fragmented = cluster_fragmentation_milli(snap, service.policies.profile.profile()) if total else 0.0
-        return Outcome(config.policy, world.decisions, world.bound, sorted(pending), synthetic,
+        return Outcome(label or config.policy, world.decisions, world.bound, sorted(pending), synthetic,
                        total // MILLI, int(snap.used_gpu_milli()), float(fragmented), sorted(world.unsettled))
     finally:
         await service.recorder.stop(flush_s=0.0)

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
+import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from gpupool_sched.errors import UserError
+from gpupool_common.clihelp import one_line
+from gpupool_sched.errors import OneLineParser, UserError
 from gpupool_sched.kube.cli_args import add_kubeconfig, add_memory_unit
 
 NEEDS = ("get/list on nodes, pods, namespaces, priorityclasses, poddisruptionbudgets, podgroups, gpuquotas, "
@@ -38,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help=f"then N synthetic pods drawn (--seed) from the recent mix (default {DEFAULT_CONTINUE})")
     group.add_argument("--defrag", choices=("on", "off"), default="on",
                        help="the scheduler's --defrag: may pods move to make room (default on, as the scheduler)")
+    group.add_argument("--candidate", action="append", default=[], metavar="FLAGS",
+                       help="also a candidate configuration: the flags of `gpupool scheduler`, quoted as one "
+                            "argument, e.g. --candidate='--policy fgd --defrag off' (repeatable; a row each)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None and not to_stdout:
         check_output("--json", args.json)
     wanted = _policy_items(args.policy)
+    candidates = [(f"[{flags.strip()}]", candidate_config(flags, args.scheduler_name)) for flags in args.candidate]
 
     from gpupool_sched.kube.connection import kube_client, server_version
     from gpupool_sched.simulate.dryrun import DryRunApi
@@ -64,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     api = DryRunApi(api_client)
     try:
         server_version(api, host)
-        outcomes = asyncio.run(_what_if(api, args, wanted, host))
+        outcomes = asyncio.run(_what_if(api, args, wanted, candidates, host))
     finally:
         api.close()
         api_client.close()
@@ -78,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if to_stdout:
         sys.stdout.write(json.dumps(payload, indent=1) + "\n")
         return 0
-    Console(width=None if sys.stdout.isatty() else 110).print(render_table(outcomes))
+    Console(width=None if sys.stdout.isatty() else 160).print(render_table(outcomes))
     for outcome in outcomes:
         if outcome.unsettled:
             print(f"warning: {outcome.policy}: still deciding when the what-if stopped: "
@@ -108,7 +115,8 @@ def _policy_items(value: str) -> list[str]:
     return out
 
 
-async def _what_if(api: Any, args: argparse.Namespace, wanted: list[str], host: str) -> list[Any]:
+async def _what_if(api: Any, args: argparse.Namespace, wanted: list[str], candidates: list[tuple[str, Any]],
+                   host: str) -> list[Any]:
     from gpupool_sched.framework.plugins.movers import DefragConfig
     from gpupool_sched.kube.connection import root_cause
     from gpupool_sched.kube.kubeapi import ApiError
@@ -120,15 +128,16 @@ async def _what_if(api: Any, args: argparse.Namespace, wanted: list[str], host: 
     names = list(dict.fromkeys(names))
     outcomes = []
     continuation: list[dict[str, Any]] | None = None
-    for name in names:
-        config = SchedulerConfig(scheduler_name=args.scheduler_name, policy=name,
-                                 memory_unit_mib=args.memory_unit_mib, defrag=DefragConfig(enabled=args.defrag == "on"))
+    runs = [(name, SchedulerConfig(scheduler_name=args.scheduler_name, policy=name,
+                                   memory_unit_mib=args.memory_unit_mib,
+                                   defrag=DefragConfig(enabled=args.defrag == "on"))) for name in names]
+    for label, config in [*runs, *candidates]:
         try:
             if continuation is None:  # drawn once from the first LIST: every policy gets the same pods
                 async for _ in api.list_pages(PODS):
                     pass
                 continuation = draw(recent_mix(api.listed(PODS), args.scheduler_name), args.continue_pods, args.seed)
-            outcomes.append(await run_what_if(api, config, continuation))
+            outcomes.append(await run_what_if(api, config, continuation, label=label))
         except ApiError as exc:
             hint = f"; the what-if needs {NEEDS}" if exc.status in (401, 403) else ""
             what = f"from {host}: {exc.message}" if exc.status == 0 else f": {exc}"
@@ -168,3 +177,24 @@ def policy_of(configmaps: list[dict[str, Any]]) -> str:
     if policy not in POLICIES:
         raise UserError(f"--policy current: {', '.join(sorted(found))} names an unknown policy {policy!r}")
     return policy
+
+
+class _CandidateParser(OneLineParser):
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"--candidate {self.prog!r}: {one_line(message)}")
+
+
+def candidate_config(flags: str, scheduler_name: str) -> Any:
+    """A SchedulerConfig from `gpupool scheduler` flags, as the scheduler builds its own (scheduler/cli.py);
+    its scheduler name is the what-if's, and it never elects a leader (it decides alone)."""
+    from gpupool_sched.scheduler import cli as scheduler_cli
+
+    try:
+        words = shlex.split(flags)
+    except ValueError as exc:
+        raise UserError(f"--candidate {flags!r}: {exc}") from None
+    parser = _CandidateParser(prog=flags.strip(), add_help=False)
+    scheduler_cli.add_arguments(parser)
+    parsed = parser.parse_args(words)
+    config = scheduler_cli.scheduler_config(parsed, identity="whatif")
+    return dataclasses.replace(config, scheduler_name=scheduler_name, leader_elect=False, freeze_gc=False)

@@ -62,7 +62,7 @@ def render_table(outcomes: list[Outcome]) -> Table:
                           ("evicted", "right"), ("pending", "right"), ("GPUs allocated", "right"),
                           ("fragmented", "right"),
                           ("preempted", "right"), ("moved", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for outcome in outcomes:
         s = summary(outcome)
         table.add_row(s["policy"], f"{s['pending_placed']}/{s['pending']}",
