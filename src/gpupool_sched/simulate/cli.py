@@ -97,6 +97,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "a rolling window of the pods arrived so far",
     )
     p.set_defaults(func=run)
+    from gpupool_sched.simulate.sweep_cli import register_sweep
+
+    register_sweep(p)
 
 
 def _progress(stack: ExitStack) -> Callable[[str, int], Callable[[int], None]] | None:
