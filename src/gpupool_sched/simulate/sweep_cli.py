@@ -118,7 +118,9 @@ def backend_for(args: argparse.Namespace) -> Any:
         if not args.ray.strip():
             raise UserError("--ray: empty address; give auto, ray://HOST:10001 or HOST:6379")
         import_ray()  # before any run: a missing extra is a one-line error, not a failure mid-sweep
-        return RayCluster(args.ray)
+        cluster = RayCluster(args.ray.strip())
+        cluster.check_reachable()
+        return cluster
     workers = args.workers if args.workers is not None else (os.cpu_count() or 1)
     if workers < 1:
         raise UserError(f"--workers must be at least 1, got {workers}")

@@ -5,6 +5,7 @@ only here and only when ``--ray`` is given."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,20 @@ class RayCluster:
     """Runs as Ray tasks of one CPU each; results come back to this process, which writes them."""
 
     address: str
+
+    def check_reachable(self, timeout_s: float = 5.0) -> None:
+        """A head's GCS address (HOST:PORT) must answer: Ray itself retries an unreachable one for minutes.
+        ``auto`` and ``ray://`` addresses are left to Ray."""
+        if self.address == "auto" or "://" in self.address:
+            return
+        host, sep, port = self.address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise UserError(f"--ray {self.address}: expected auto, ray://HOST:10001 or HOST:PORT")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        except OSError as exc:
+            raise UserError(f"--ray {self.address}: cannot connect to the Ray cluster: "
+                            f"{exc.strerror or exc}") from None
 
     def __call__(self, configs: Sequence[RunConfig], done: Callable[[RunOutput], None]) -> None:
         if not configs:
