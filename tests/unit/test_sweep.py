@@ -91,6 +91,8 @@ def test_a_run_key_changes_with_its_config_trace_and_version(tmp_path: Path) -> 
     assert key(SMALL, "0.2.0") != base
     # a parameter given at its default value is the same run: a new knob leaves old keys alone
     assert key(dict(SMALL, parameters={"ratio": 0.05, "profile_source": "trace", "sample_scan": "fixed"})) == base
+    assert load_grid(write_grid(tmp_path, SMALL, "k.yaml"), None, "0.1.0").runs[0].canonical()["parameters"] == {
+        "ratio": 0.05}
     # the same trace files elsewhere: same keys; one changed pod line: new keys
     nodes, pods = tmp_path / "nodes.csv", tmp_path / "pods.csv"
     nodes.write_bytes(gzip.decompress(bundled_path(BUNDLED_NODES).read_bytes()))
