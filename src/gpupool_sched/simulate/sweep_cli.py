@@ -88,7 +88,8 @@ def render_summary(combined: dict[str, Any]) -> Any:
 
     table = Table(title=f"sweep: {combined['total']} runs ({combined['skipped']} finished before, "
                   f"{combined['ran']} run now)",
-                  caption="unallocated GPU capacity (%) when arrivals reach 100% of it, over the seeds; "
+                  caption="unallocated GPU capacity (%) when arrivals reach 100% of it (or where a replay short of it "
+                  "ended), over the seeds; "
                   "'bound': no policy can leave less", caption_justify="left")
     for col in ("trace", "parameters", "policy", "seeds", "unallocated % mean", "min", "max", "failed pods"):
         table.add_column(col, justify="left" if col in ("trace", "parameters", "policy") else "right")

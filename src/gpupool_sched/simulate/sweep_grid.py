@@ -13,7 +13,7 @@ import hashlib
 import itertools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -261,8 +261,3 @@ def load_grid(path: Path, traces_dir: Path | None, version: str) -> Grid:
                 runs.append(config)
     return Grid(source=path, runs=tuple(runs))
 
-
-def parameters_label(parameters: RunParameters) -> str:
-    """The non-default parameters as ``name=value`` pairs, for tables (``-`` when all are defaults)."""
-    changed: Mapping[str, Any] = parameters.model_dump(exclude_defaults=True)
-    return " ".join(f"{k}={v}" for k, v in changed.items()) or "-"
