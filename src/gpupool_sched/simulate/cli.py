@@ -99,6 +99,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     whatif.add_arguments(p)
     p.set_defaults(func=run)
+    from gpupool_sched.simulate.sweep_cli import register_sweep
+
+    register_sweep(p)
 
 
 def _progress(stack: ExitStack) -> Callable[[str, int], Callable[[int], None]] | None:
