@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpupool_sched.errors import UserError
 from gpupool_sched.placement.registry import POLICIES
+from gpupool_sched.simulate import timecli
 from gpupool_sched.simulate.run import PROFILE_SOURCES, prepare_workload, simulate
 from gpupool_sched.simulate.trace import KNOWN_GPU_MODELS, TraceError, read_trace
 
@@ -46,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--policy",
-        default="all",
-        help=f"one of {', '.join(POLICIES)}, or 'all' (default); several as a comma-separated list (fgd,gpupool); "
+        help=f"one of {', '.join(POLICIES)}, or 'all' (default; --mode time: one policy, default gpupool); "
+        "several as a comma-separated list (fgd,gpupool); "
         "'none' with --bound: only the bound",
     )
     p.add_argument("--seed", type=int, default=42, help=f"arrival order seed, 0..{MAX_SEED} (default 42)")
@@ -96,6 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="FGD's workload profile: the trace's pod mix (default) or, as the scheduler does, "
         "a rolling window of the pods arrived so far",
     )
+    timecli.add_flags(p)
     p.set_defaults(func=run)
 
 
@@ -175,7 +177,7 @@ def check_plot_format(path: Path) -> None:
 
 def check_arguments(args: argparse.Namespace) -> list[str]:
     """Every flag checked, and the policies to run, before any file is read."""
-    names = policy_names(args.policy)
+    names = policy_names(args.policy or "all")
     if not names and not args.bound:
         raise UserError("--policy none runs no policy: give --bound with it (only the bound), or name policies")
     if not names and args.plot:
@@ -196,6 +198,9 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mode == "time":
+        return timecli.run_time_mode(args)
+    timecli.refuse_time_flags(args)
     names = check_arguments(args)
     if (args.nodes is None) != (args.pods is None):
         raise UserError("give both --nodes and --pods, or neither (the bundled openb default trace)")
