@@ -31,7 +31,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     group.add_argument("--load", metavar="RHO[,RHO...]",
                        help="offered GPU load(s), a share of capacity in (0, 10]; one run each "
                        f"(default {DEFAULT_LOADS})")
-    group.add_argument("--days", type=float, metavar="DAYS", help="simulated days measured per load (default 7)")
+    group.add_argument("--days", type=float, metavar="DAYS", help="simulated days measured per load (default 1)")
     group.add_argument("--horizon", type=float, metavar="DAYS",
                        help="lifetimes are capped at this many days; also the pre-fill's look-back (default 7)")
     group.add_argument("--patience", type=float, metavar="SECONDS",
@@ -73,7 +73,7 @@ def check_time_arguments(args: argparse.Namespace) -> tuple[str, tuple[float, ..
     if policy not in POLICIES:
         raise UserError(f"--mode time runs one policy; --policy {policy!r} is not one of: {', '.join(POLICIES)}")
     loads = parse_loads(args.load if args.load is not None else DEFAULT_LOADS)
-    days = _days("days", args.days, 7.0)
+    days = _days("days", args.days, 1.0)
     horizon = _days("horizon", args.horizon, 7.0)
     patience = 3600.0 if args.patience is None else args.patience
     if not (math.isfinite(patience) and 0 <= patience <= MAX_PATIENCE_S):

@@ -24,7 +24,7 @@ DAY_S = 86400.0
 @dataclass(frozen=True, slots=True)
 class TimeSettings:
     loads: tuple[float, ...] = (0.8, 1.0, 1.2)
-    duration_s: float = 7 * DAY_S
+    duration_s: float = DAY_S
     horizon_s: float = 7 * DAY_S
     patience_s: float = DEFAULT_PATIENCE_S
     seed: int = 42
