@@ -47,8 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--policy",
-        help=f"one of {', '.join(POLICIES)}, or 'all' (default; --mode time: one policy, default gpupool); "
-        "several as a comma-separated list (fgd,gpupool); "
+        default="all",
+        help=f"one of {', '.join(POLICIES)}, or 'all' (default); several as a comma-separated list (fgd,gpupool); "
+        "--mode time runs one policy, gpupool for 'all'; "
         "'none' with --bound: only the bound",
     )
     p.add_argument("--seed", type=int, default=42, help=f"arrival order seed, 0..{MAX_SEED} (default 42)")
@@ -177,7 +178,7 @@ def check_plot_format(path: Path) -> None:
 
 def check_arguments(args: argparse.Namespace) -> list[str]:
     """Every flag checked, and the policies to run, before any file is read."""
-    names = policy_names(args.policy or "all")
+    names = policy_names(args.policy)
     if not names and not args.bound:
         raise UserError("--policy none runs no policy: give --bound with it (only the bound), or name policies")
     if not names and args.plot:

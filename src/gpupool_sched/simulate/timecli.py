@@ -69,7 +69,9 @@ def check_time_arguments(args: argparse.Namespace) -> tuple[str, tuple[float, ..
                         ("--profile rolling", args.profile != "trace")):
         if given:
             raise UserError(f"{flag} is for the arrivals replay; --mode time does not take it")
-    policy = (args.policy or "gpupool").strip()
+    policy = args.policy.strip()
+    if policy == "all":  # the replay's default: time mode runs one policy, ours
+        policy = "gpupool"
     if policy not in POLICIES:
         raise UserError(f"--mode time runs one policy; --policy {policy!r} is not one of: {', '.join(POLICIES)}")
     loads = parse_loads(args.load if args.load is not None else DEFAULT_LOADS)
