@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 export GPUPOOL_CACHE ?= $(HOME)/.cache/gpupool
 
 .PHONY: help venv simulate test test-unit test-e2e lint typecheck fmt bench bench-sim bench-deviceplugin \
-        bench-cluster-infra bench-cluster bench-extender bench-quotas bench-preemption bench-bound bench-sweep proto cluster-bins cluster-up cluster-down demo demo-down clean \
+        bench-cluster-infra bench-cluster bench-extender bench-quotas bench-preemption bench-bound bench-sweep bench-time proto cluster-bins cluster-up cluster-down demo demo-down clean \
         image node-images
 
 help: ## list every target with its description (the `## ` comment on its line)
@@ -48,10 +48,13 @@ fmt: $(VPY) ## ruff --fix: apply ruff's automatic fixes to src, tests and benchm
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 bench: $(VPY) ## all benchmarks: JSON + table in out/bench/
-	$(MAKE) bench-sim bench-bound bench-sweep bench-deviceplugin bench-extender bench-quotas bench-preemption bench-cluster-infra bench-cluster
+	$(MAKE) bench-sim bench-time bench-bound bench-sweep bench-deviceplugin bench-extender bench-quotas bench-preemption bench-cluster-infra bench-cluster
 
 bench-sim: $(VPY) ## simulator wall time per policy + per-decision cost at 1k/5k/20k nodes
 	$(VPY) -m benchmarks.bench_placement --out out/bench
+
+bench-time: $(VPY) ## simulate --mode time: events/s per load on the bundled trace (one core), same seed same report
+	$(VPY) -m benchmarks.bench_time --out out/bench
 
 bench-bound: $(VPY) ## lower bound on unallocated GPUs per openb trace beside FGD and gpupool (needs ../shared/traces/openb)
 	$(VPY) -m benchmarks.bench_bound --out out/bench

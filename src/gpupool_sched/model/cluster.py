@@ -33,6 +33,14 @@ class UnknownNode(LookupError):
     """A node name the snapshot does not hold (never added, or removed)."""
 
 
+def _counter_copy(counts: Counter[str]) -> Counter[str]:
+    """A copy of `counts`, three times faster than Counter(counts) (whose update checks the argument's
+    type per call): a preemption plan copies the snapshot, one Counter per node."""
+    out: Counter[str] = Counter()
+    dict.update(out, counts)
+    return out
+
+
 class ClusterSnapshot(SnapshotRows):
     """Nodes and their allocation state. Pure data: no I/O, no clock, no Kubernetes client.
 
@@ -156,7 +164,7 @@ class ClusterSnapshot(SnapshotRows):
         other._buf = {key: buf.copy() for key, buf in self._buf.items()}
         other._nodes, other._names, other.index = list(self._nodes), list(self._names), dict(self.index)
         other.mig_taken = [set(s) for s in self.mig_taken]
-        other.gpu_tags = [Counter(c) for c in self.gpu_tags]
+        other.gpu_tags = [_counter_copy(c) for c in self.gpu_tags]
         other.models, other._model_id = list(self.models), dict(self._model_id)
         other.mig_profiles, other._mig_model_keys = list(self.mig_profiles), list(self._mig_model_keys)
         other.signatures, other._signature_id = list(self.signatures), dict(self._signature_id)

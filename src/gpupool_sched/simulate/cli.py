@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpupool_sched.errors import UserError
 from gpupool_sched.placement.registry import POLICIES
-from gpupool_sched.simulate import whatif
+from gpupool_sched.simulate import timecli, whatif
 from gpupool_sched.simulate.run import PROFILE_SOURCES, prepare_workload, simulate
 from gpupool_sched.simulate.trace import KNOWN_GPU_MODELS, TraceError, read_trace
 
@@ -49,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--policy",
         default="all",
         help=f"one of {', '.join(POLICIES)}, or 'all' (default); several as a comma-separated list (fgd,gpupool); "
+        "--mode time runs one policy, gpupool for 'all'; "
         "'none' with --bound: only the bound",
     )
     p.add_argument("--seed", type=int, default=42, help=f"arrival order seed, 0..{MAX_SEED} (default 42)")
@@ -97,6 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="FGD's workload profile: the trace's pod mix (default) or, as the scheduler does, "
         "a rolling window of the pods arrived so far",
     )
+    timecli.add_flags(p)
     whatif.add_arguments(p)
     p.set_defaults(func=run)
     from gpupool_sched.simulate.sweep_cli import register_sweep
@@ -202,7 +204,12 @@ def check_arguments(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     if args.from_cluster:
+        if args.mode == "time":
+            raise UserError("--from-cluster decides the live cluster's pending pods once; it has no --mode time")
         return whatif.run(args)
+    if args.mode == "time":
+        return timecli.run_time_mode(args)
+    timecli.refuse_time_flags(args)
     names = check_arguments(args)
     if (args.nodes is None) != (args.pods is None):
         raise UserError("give both --nodes and --pods, or neither (the bundled openb default trace)")

@@ -1,0 +1,162 @@
+"""`gpupool simulate --mode time`: its flags, their checks, and the run (table, JSON, plot)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+
+from gpupool_sched.errors import UserError
+from gpupool_sched.placement.registry import POLICIES
+
+MODES = ("arrivals", "time")
+MAX_DAYS = 365.0
+MAX_PATIENCE_S = 10**8
+DEFAULT_LOADS = "0.8,1.0,1.2"
+TIME_FLAGS = ("load", "days", "horizon", "patience")
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group(
+        "time mode",
+        "--mode time: pods arrive as a seeded Poisson stream offering --load x the GPU capacity, run their "
+        "trace lifetime and leave; a pod that does not fit waits (and may preempt) until its patience runs out. "
+        "Decisions are the scheduler service's (Cycle over ClusterState). docs/simulator.md, 'Time mode'.",
+    )
+    group.add_argument("--mode", choices=MODES, default="arrivals",
+                       help="arrivals: the FGD paper's replay (default); time: the simulator in time")
+    group.add_argument("--load", metavar="RHO[,RHO...]",
+                       help="offered GPU load(s), a share of capacity in (0, 10]; one run each "
+                       f"(default {DEFAULT_LOADS})")
+    group.add_argument("--days", type=float, metavar="DAYS", help="simulated days measured per load (default 1)")
+    group.add_argument("--horizon", type=float, metavar="DAYS",
+                       help="lifetimes are capped at this many days; also the pre-fill's look-back (default 7)")
+    group.add_argument("--patience", type=float, metavar="SECONDS",
+                       help="how long a waiting pod stays at least, when its trace does not say it gave up "
+                       "sooner (default 3600)")
+
+
+def parse_loads(value: str) -> tuple[float, ...]:
+    loads: list[float] = []
+    for item in (part.strip() for part in value.split(",")):
+        try:
+            load = float(item)
+        except ValueError:
+            raise UserError(f"--load {value!r}: {item!r} is not a number") from None
+        if not (math.isfinite(load) and 0 < load <= 10):
+            raise UserError(f"--load {value!r}: each load must be in (0, 10], got {item}")
+        if load not in loads:
+            loads.append(load)
+    return tuple(loads)
+
+
+def _days(flag: str, value: float | None, default: float) -> float:
+    if value is None:
+        return default
+    if not (math.isfinite(value) and 0 < value <= MAX_DAYS):
+        raise UserError(f"--{flag} must be in (0, {MAX_DAYS:g}] days, got {value:g}")
+    return value
+
+
+def check_time_arguments(args: argparse.Namespace) -> tuple[str, tuple[float, ...], float, float, float]:
+    """(policy, loads, days, horizon days, patience s), every flag checked before any file is read; the
+    arrivals replay's own flags are refused, not ignored."""
+    for flag, given in (("--event-order", args.event_order is not None), ("--bound", args.bound),
+                        ("--sample-percentage", args.sample_percentage is not None),
+                        ("--profile rolling", args.profile != "trace")):
+        if given:
+            raise UserError(f"{flag} is for the arrivals replay; --mode time does not take it")
+    policy = args.policy.strip()
+    if policy == "all":  # the replay's default: time mode runs one policy, ours
+        policy = "gpupool"
+    if policy not in POLICIES:
+        raise UserError(f"--mode time runs one policy; --policy {policy!r} is not one of: {', '.join(POLICIES)}")
+    loads = parse_loads(args.load if args.load is not None else DEFAULT_LOADS)
+    days = _days("days", args.days, 1.0)
+    horizon = _days("horizon", args.horizon, 7.0)
+    patience = 3600.0 if args.patience is None else args.patience
+    if not (math.isfinite(patience) and 0 <= patience <= MAX_PATIENCE_S):
+        raise UserError(f"--patience must be in 0..{MAX_PATIENCE_S} seconds, got {patience:g}")
+    return policy, loads, days, horizon, patience
+
+
+def refuse_time_flags(args: argparse.Namespace) -> None:
+    """The arrivals replay refuses the time mode's flags rather than ignore them."""
+    for name in TIME_FLAGS:
+        if getattr(args, name) is not None:
+            raise UserError(f"--{name} is for --mode time (the arrivals replay has no time)")
+
+
+def _progress(stack: ExitStack, days: float) -> Callable[[str], Callable[[float], None]] | None:
+    if not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = stack.enter_context(Progress(TextColumn("{task.description:<12}"), BarColumn(),
+                                       TextColumn("{task.completed:.2f}/{task.total:.2f} days"),
+                                       TimeElapsedColumn(), console=Console(stderr=True)))
+
+    def for_load(name: str) -> Callable[[float], None]:
+        task = bar.add_task(name, total=days)
+        return lambda at: bar.update(task, completed=at / 86400)
+
+    return for_load
+
+
+def run_time_mode(args: argparse.Namespace) -> int:
+    from gpupool_sched.simulate.cli import check_output, check_plot_format
+    from gpupool_sched.simulate.timerun import DAY_S, TimeSettings, run_load, trace_pods, workload_profile
+    from gpupool_sched.simulate.trace import TraceError, read_trace
+
+    policy, loads, days, horizon, patience = check_time_arguments(args)
+    if not 0 <= args.seed <= 2**63 - 1:
+        raise UserError(f"--seed must be in 0..{2**63 - 1}, got {args.seed}")
+    if args.json:
+        check_output("--json", args.json)
+    if args.plot:
+        check_plot_format(args.plot)
+        check_output("--plot", args.plot)
+    if (args.nodes is None) != (args.pods is None):
+        raise UserError("give both --nodes and --pods, or neither (the bundled openb default trace)")
+    settings = TimeSettings(loads, days * DAY_S, horizon * DAY_S, patience, args.seed, policy,
+                            samples=200 if args.plot else 0)
+    try:
+        trace = read_trace(args.nodes, args.pods, extra_models=args.gpu_model)
+        pods = trace_pods(trace, args.pods, settings)
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+    for warning in trace.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    profile = workload_profile(trace)
+    reports = []
+    with ExitStack() as stack:
+        progress = _progress(stack, days)
+        for load in loads:
+            reports.append(run_load(trace, pods, profile, settings, load,
+                                    progress(f"load {load:g}") if progress else None))
+    from rich.console import Console
+
+    from gpupool_sched.simulate.timereport import render_time_tables
+
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    for table in render_time_tables(reports):
+        console.print(table)
+    if args.json:
+        try:
+            args.json.write_text(json.dumps([r.json() for r in reports], indent=1) + "\n")
+        except OSError as exc:
+            raise UserError(f"--json {args.json}: cannot write: {exc.strerror or exc}") from None
+        print(f"JSON report: {args.json}")
+    if args.plot:
+        from gpupool_sched.simulate.timereport import plot_time
+
+        try:
+            plot_time(reports, args.plot)
+        except OSError as exc:
+            raise UserError(f"--plot {args.plot}: cannot write: {exc.strerror or exc}") from None
+        print(f"plot: {args.plot}")
+    return 0

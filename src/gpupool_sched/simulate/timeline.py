@@ -1,0 +1,360 @@
+"""The simulator in time: pods arrive, run for their lifetime and leave; a pod that does not fit waits in a
+queue until room frees up, it preempts, or its patience runs out.
+
+Every decision is the scheduler service's own: a `framework.cycle.Cycle` over a `cache.state.ClusterState`
+(nodes fed as `NodeView`s through `upsert_node`). A placement is the statement the cycle commits (assumed,
+then marked bound as the binder does); a departure is `forget`; a preemption's victims leave through the
+watch's deletion path (`apply_pod(..., deleted=True)`: what they held becomes holds for their preemptor),
+and the preemptor's next cycle, at the same instant, takes the room. No second placement or preemption.
+
+Events are a heap of (time, sequence) so that runs are deterministic per seed. A waiting pod is retried
+when a departure (or a preemption) frees room on a node it could fit on by count (CPU, memory, GPUs with
+enough free milli of an accepted model): nothing else frees room, so a pod that fitted nowhere before
+cannot fit anywhere else now (kube-scheduler's queueing hints make the same argument). Waiting pods are
+retried by priority, then in arrival order; a retry runs the whole cycle (allocate, then preempt).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.cycle import Cycle, CycleResult
+from gpupool_sched.framework.plugins.victims import DisruptionBudgets, running_pods
+from gpupool_sched.kube.nodes import NodeView
+from gpupool_sched.kube.podinfo import PodInfo
+from gpupool_sched.kube.podspec import PodPlan
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.placement.framework import Policy
+from gpupool_sched.placement.preemption import RunningPod
+from gpupool_sched.simulate.lifetimes import TimedPod
+
+ARRIVE, DEPART, GIVE_UP, SAMPLE = 0, 1, 2, 3
+GroupKey = tuple[int, int, int, int, int, frozenset[str]]  # (-priority, cpu, memory, GPUs, milli, models)
+NAMESPACE = "sim"
+
+
+@dataclass(slots=True)
+class Job:
+    """One attempt of a trace pod: a pod object of its own (a preempted pod comes back as a new one, as
+    its controller would recreate it)."""
+
+    pod: TimedPod
+    plan: PodPlan
+    seq: int  # arrival order, for FIFO among equal priorities
+    since: float  # waiting since (arrival, or requeue after a preemption)
+    queued: bool = False
+    running: bool = False
+    end: float = 0.0  # when it leaves, while running
+    started: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the cycle did for a pod at `time`: placed it (node, GPUs) or evicted `victims` (pod names) for it."""
+
+    time: float
+    pod: str
+    node: str
+    gpus: tuple[int, ...]
+    victims: tuple[str, ...] = ()
+
+
+@dataclass
+class Sample:
+    time: float
+    allocated_pct: float
+    queue: int
+    fragmented_pct: float | None
+
+
+@dataclass
+class TimeStats:
+    """What a run measured between `start` and `end` (seconds of simulated time)."""
+
+    start: float
+    end: float
+    capacity_milli: int
+    allocated_milli_s: float = 0.0  # integral of allocated GPU milli over time
+    idle_while_waiting_milli_s: float = 0.0  # integral of free GPU milli while the queue is not empty
+    waiting_s: float = 0.0  # time with a non-empty queue
+    queue_len_s: float = 0.0  # integral of the queue length
+    arrivals: int = 0
+    placed: int = 0
+    gave_up: int = 0
+    preemptions: int = 0  # pods evicted by a preemption (each goes back to the queue)
+    preemptors: int = 0  # decisions that evicted
+    migrations: int = 0  # consolidate does not run in the simulator: always 0
+    events: int = 0
+    offered_milli_s: float = 0.0  # GPU milli x lifetime of every arrival (what the load asks)
+    delays: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # class -> waits of placed pods
+    samples: list[Sample] = field(default_factory=list)
+    prefilled: int = 0
+    prefill_dropped: int = 0
+    seconds: float = 0.0  # wall time
+    cycle_seconds: float = 0.0  # of which in the placement core
+
+
+Arrivals = Iterator[tuple[float, TimedPod]]
+Fragmentation = Callable[[ClusterState], float]  # fragmented GPU milli of the cluster
+
+
+class Timeline:
+    """One run: nodes, a policy and a stream of arrivals. `prefill`: pods already running at time 0 with
+    their remaining lifetimes (placed in the given order, no preemption; those that fit nowhere are
+    dropped and counted). `record`: keep every decision (tests)."""
+
+    def __init__(self, nodes: Sequence[NodeView], policy: Callable[[], Policy], *, seed: int = 0,
+                 record: bool = False) -> None:
+        self.now = 0.0
+        self.state = ClusterState("gpupool", clock=lambda: self.now)
+        for view in nodes:
+            self.state.upsert_node(view)
+        self.cycle = Cycle(self.state, policy, seed=seed)
+        self.budgets = DisruptionBudgets()
+        self.capacity_milli = sum(1000 * len(v.spec.gpus) for v in nodes)
+        self.allocated_milli = 0
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        self.jobs: dict[str, Job] = {}  # uid -> job, while it waits or runs
+        # waiting pods grouped by what they ask (same request, same priority): one fit check per group
+        self.groups: dict[GroupKey, dict[str, Job]] = {}
+        self.queue_len = 0
+        self.attempts: dict[str, int] = defaultdict(int)
+        self.record = record
+        self.decisions: list[Decision] = []
+        self.stats = TimeStats(0.0, 0.0, self.capacity_milli)
+        self._last = 0.0
+        self._arrivals: Arrivals | None = None
+
+    # ---- events ----------------------------------------------------------------------------------
+    def _push(self, at: float, kind: int, what: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, self.seq, kind, what))
+
+    def _job(self, pod: TimedPod, since: float) -> Job:
+        name = pod.request.name
+        self.attempts[name] += 1
+        uid = f"{name}#{self.attempts[name]}"
+        plan = PodPlan(uid, NAMESPACE, name, since, pod.request.priority, pod.request, (), 1024)
+        self.seq += 1
+        return Job(pod, plan, self.seq, since)
+
+    def prefill(self, pods: Sequence[tuple[TimedPod, float]]) -> None:
+        """Pods running at time 0, each with its remaining lifetime."""
+        for pod, remaining in pods:
+            job = self._job(pod, 0.0)
+            result = self.cycle.schedule(job.plan)
+            if result.statement is None or not result.statement.placements:
+                self.stats.prefill_dropped += 1
+                continue
+            self._started(job, result.statement.placements[0][1], remaining, record=False)
+            self.stats.prefilled += 1
+
+    def run(self, arrivals: Arrivals, until: float, *, samples: int = 0,
+            fragmentation: Fragmentation | None = None, progress: Callable[[float], None] | None = None) -> TimeStats:
+        """Run the events up to `until` (simulated seconds) and return what was measured over [now, until].
+        `samples`: this many evenly spaced points of allocation, queue length (and fragmentation) over time."""
+        wall = time.perf_counter()
+        stats = self.stats
+        stats.start, stats.end = self.now, until
+        self._last = self.now
+        self._arrivals = arrivals
+        self._next_arrival()
+        for k in range(samples):
+            self._push(self.now + (until - self.now) * (k + 1) / samples, SAMPLE, None)
+        heap = self.heap
+        while heap and heap[0][0] <= until:
+            at, _, kind, what = heapq.heappop(heap)
+            self._advance(at)
+            stats.events += 1
+            if kind == DEPART:
+                self._depart(what)  # type: ignore[arg-type]
+            elif kind == ARRIVE:
+                stats.arrivals += 1
+                stats.offered_milli_s += what.request.gpu_milli_total * what.lifetime_s  # type: ignore[attr-defined]
+                if progress is not None and not stats.arrivals % 4096:
+                    progress(at)
+                self._arrive(what)  # type: ignore[arg-type]
+                self._next_arrival()
+            elif kind == GIVE_UP:
+                self._give_up(what)  # type: ignore[arg-type]
+            else:
+                frag = None if fragmentation is None else 100 * fragmentation(self.state) / self.capacity_milli
+                stats.samples.append(Sample(at, 100 * self.allocated_milli / self.capacity_milli, self.queue_len, frag))
+                stats.events -= 1
+        self._advance(until)
+        if progress is not None:
+            progress(until)
+        stats.seconds += time.perf_counter() - wall
+        return stats
+
+    def _next_arrival(self) -> None:
+        item = next(self._arrivals, None) if self._arrivals is not None else None
+        if item is not None:
+            self._push(item[0], ARRIVE, item[1])
+
+    def _advance(self, at: float) -> None:
+        dt = at - self._last
+        if dt > 0:
+            s = self.stats
+            s.allocated_milli_s += self.allocated_milli * dt
+            if self.queue_len:
+                s.waiting_s += dt
+                s.queue_len_s += self.queue_len * dt
+                s.idle_while_waiting_milli_s += (self.capacity_milli - self.allocated_milli) * dt
+            self._last = at
+        self.now = at
+
+    # ---- what happens to a pod -----------------------------------------------------------------------
+    def _arrive(self, pod: TimedPod) -> None:
+        job = self._job(pod, self.now)
+        if not self._try(job):
+            self._enqueue(job)
+
+    def _try(self, job: Job) -> bool:
+        """One cycle for the job (allocate, then preempt); True when it runs now."""
+        result = self.cycle.schedule(job.plan, self._candidates(job))
+        self.stats.cycle_seconds += result.seconds
+        if result.statement is not None and result.statement.placements:
+            self._placed(job, result.statement.placements[0][1])
+            return True
+        if result.preemption is not None:
+            return self._preempted_for(job, result)
+        return False
+
+    def _candidates(self, job: Job) -> Callable[[], list[RunningPod]]:
+        """Its eviction candidates, as the service passes them: running pods below its priority."""
+        floor = job.plan.priority
+        return lambda: running_pods(self.state, self.budgets, floor)
+
+    def _preempted_for(self, job: Job, result: CycleResult) -> bool:
+        assert result.preemption is not None
+        victims = [self.jobs[v.uid] for v in result.preemption.victims]
+        self.stats.preemptors += 1
+        self.stats.preemptions += len(victims)
+        if self.record:
+            self.decisions.append(Decision(self.now, job.pod.request.name, result.preemption.node, (),
+                                           tuple(sorted(v.pod.request.name for v in victims))))
+        for victim in victims:
+            self._leave(victim)
+            # the watch's deletion: what the victim held becomes a hold for its preemptor
+            self.state.apply_pod(PodInfo.of({"metadata": {"uid": victim.plan.uid}}), deleted=True)
+        node = result.preemption.node
+        again = self.cycle.schedule(job.plan, self._candidates(job))
+        self.stats.cycle_seconds += again.seconds
+        placed = again.statement is not None and bool(again.statement.placements)
+        if placed:
+            assert again.statement is not None
+            self._placed(job, again.statement.placements[0][1])
+        else:
+            self.state.end_nomination(job.plan.uid)  # never left holding room nobody takes
+        for victim in victims:  # back to the queue, as their controller recreates them: a new pod, from scratch
+            redo = self._job(victim.pod, self.now)
+            self._enqueue(redo)
+        self._retry(node)
+        return placed
+
+    def _placed(self, job: Job, placement: Placement) -> None:
+        delay = self.now - job.since
+        self.stats.placed += 1
+        self.stats.delays[job.pod.priority_class].append(delay)
+        self._started(job, placement, job.pod.lifetime_s, record=self.record)
+
+    def _started(self, job: Job, placement: Placement, lifetime: float, *, record: bool) -> None:
+        self.state.mark_bound(job.plan.uid)  # the binder's answer: a candidate for preemption from now on
+        job.running, job.started, job.end = True, self.now, self.now + lifetime
+        self.jobs[job.plan.uid] = job
+        self.allocated_milli += job.pod.request.gpu_milli_total
+        self._push(job.end, DEPART, job)
+        if record:
+            self.decisions.append(Decision(self.now, job.pod.request.name, placement.node, placement.gpu_indices))
+
+    def _leave(self, job: Job) -> None:
+        job.running = False
+        del self.jobs[job.plan.uid]
+        self.allocated_milli -= job.pod.request.gpu_milli_total
+
+    def _depart(self, job: Job) -> None:
+        if not job.running:
+            return  # preempted before its end
+        self._leave(job)
+        entry = self.state.forget(job.plan.uid)
+        if entry is not None:
+            self._retry(entry.node)
+
+    def _give_up(self, job: Job) -> None:
+        if job.queued:
+            self._dequeue(job)
+            self.stats.gave_up += 1
+
+    # ---- the queue -------------------------------------------------------------------------------
+    @staticmethod
+    def _group(job: Job) -> GroupKey:
+        r = job.pod.request
+        return (-r.priority, r.cpu_milli, r.memory_mib, r.gpu_count, r.gpu_milli, r.gpu_models)
+
+    def _enqueue(self, job: Job) -> None:
+        job.queued = True
+        self.groups.setdefault(self._group(job), {})[job.plan.uid] = job
+        self.queue_len += 1
+        self._push(job.since + job.pod.patience_s, GIVE_UP, job)
+
+    def _dequeue(self, job: Job) -> None:
+        job.queued = False
+        key = self._group(job)
+        group = self.groups[key]
+        del group[job.plan.uid]
+        if not group:
+            del self.groups[key]
+        self.queue_len -= 1
+
+    def _retry(self, node: str) -> None:
+        """Room freed on `node`: the waiting pods that could fit there by count, most important first, then
+        the longest waiting, each through a whole cycle."""
+        if not self.queue_len:
+            return
+        snapshot = self.state.snapshot
+        row = snapshot.index.get(node)
+        if row is None:
+            return
+        spec = self.state.nodes[node].spec
+        failed: set[GroupKey] = set()
+        while True:
+            cpu, mem = int(snapshot.cpu_free[row]), int(snapshot.mem_free[row])
+            free = [(int(snapshot.free_milli[row, j]), g.model) for j, g in enumerate(spec.gpus)
+                    if snapshot.gpu_usable[row, j]]
+            best: Job | None = None
+            for key, group in self.groups.items():
+                if key in failed:
+                    continue
+                _, c, m, k, milli, accepted = key
+                if c > cpu or m > mem:
+                    continue
+                if k and sum(1 for f, model in free if f >= milli and (not accepted or model in accepted)) < k:
+                    continue
+                head = next(iter(group.values()))
+                if best is None or (key[0], head.seq) < (self._group(best)[0], best.seq):
+                    best = head
+            if best is None:
+                return
+            self._dequeue(best)
+            if not self._try(best):
+                failed.add(self._group(best))
+                self._enqueue_back(best)
+
+    def _enqueue_back(self, job: Job) -> None:
+        """A retried job that still does not fit: back in its place (its give-up event is already set)."""
+        job.queued = True
+        group = self.groups.setdefault(self._group(job), {})
+        group[job.plan.uid] = job
+        # keep arrival order within the group: it was the head, put it first again
+        if next(iter(group)) != job.plan.uid:
+            items = sorted(group.values(), key=lambda j: j.seq)
+            group.clear()
+            group.update((j.plan.uid, j) for j in items)
+        self.queue_len += 1

@@ -1,0 +1,65 @@
+"""The time mode's output: a table per run list (one row per load), a table of queueing delays per
+priority, and the figure over time (allocation, queue length, fragmentation)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.table import Table
+
+from gpupool_sched.simulate.timerun import TimeReport
+
+
+def render_time_tables(reports: Sequence[TimeReport]) -> list[Table]:
+    first = reports[0]
+    days = first.span_s / 86400
+    main = Table(title=f"time mode, trace {first.trace}: {first.stats.capacity_milli // 1000} GPUs, "
+                       f"{first.policy}, {days:g} days per load, seed {first.seed}",
+                 caption="allocated %: GPU capacity allocated, time-averaged; idle GPU-h waiting: free GPU capacity "
+                         "integrated over the time some pod waited; migrations stay 0 (consolidate does not run "
+                         "in the simulator)")
+    for column in ("load", "offered %", "allocated %", "idle GPU-h waiting", "queue non-empty %", "arrivals",
+                   "gave up", "preemptions", "migrations", "events", "seconds"):
+        main.add_column(column, justify="right")
+    for r in reports:
+        s = r.stats
+        main.add_row(f"{r.load:g}", f"{r.offered_pct:.2f}", f"{r.allocated_pct:.2f}",
+                     f"{r.idle_gpu_hours_while_waiting:.1f}", f"{100 * s.waiting_s / r.span_s:.2f}",
+                     str(s.arrivals), str(s.gave_up), str(s.preemptions), str(s.migrations), str(s.events),
+                     f"{s.seconds:.1f}")
+    delays = Table(title="queueing delay of placed pods, per priority (seconds)")
+    for column in ("load", "priority class", "value", "placed", "p50", "p99"):
+        delays.add_column(column, justify="left" if column == "priority class" else "right")
+    for r in reports:
+        for cls, d in r.delay_percentiles().items():
+            delays.add_row(f"{r.load:g}", cls, str(r.priorities[cls]), str(d["placed"]), f"{d['p50_s']:.1f}",
+                           f"{d['p99_s']:.1f}")
+    return [main, delays]
+
+
+def plot_time(reports: Sequence[TimeReport], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    for r in reports:
+        hours = [p.time / 3600 for p in r.stats.samples]
+        label = f"load {r.load:g}"
+        axes[0].plot(hours, [p.allocated_pct for p in r.stats.samples], label=label, linewidth=1.2)
+        axes[1].plot(hours, [p.queue for p in r.stats.samples], label=label, linewidth=1.2)
+        axes[2].plot(hours, [p.fragmented_pct or 0.0 for p in r.stats.samples], label=label, linewidth=1.2)
+    for ax, what in zip(axes, ("allocated GPUs (% of capacity)", "waiting pods", "fragmented GPUs (% of capacity)"),
+                        strict=True):
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right", fontsize=8)
+    axes[2].set_xlabel("simulated hours")
+    first = reports[0]
+    axes[0].set_title(f"{first.trace}: {first.stats.capacity_milli // 1000} GPUs, {first.policy}, seed {first.seed}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+    return out
