@@ -23,7 +23,18 @@ from gpupool_sched.cache.entries import PodEntry
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Placement
-from gpupool_sched.placement.preemption import Preemption
+from gpupool_sched.model.request import PodRequest
+from gpupool_sched.placement.preemption import Preemption, held_room
+
+
+def free_room(state: ClusterState, plan: PodPlan, preemption: Preemption,
+              takes: Sequence[tuple[PodRequest, Placement]] | None = None) -> list[tuple[PodRequest, Placement]]:
+    """What `plan`'s preemption counts on beyond its victims' room on its node (`held_room`), on the
+    live snapshot: `takes` (default: the preemption's placement of `plan`)."""
+    if takes is None:
+        takes = [(plan.request, preemption.placement)]
+    return held_room(state.snapshot, preemption.node, takes, preemption.victims, f"{plan.key} (free room)",
+                     plan.priority, plan.request.namespace)
 
 
 class Statement:
@@ -87,12 +98,18 @@ class Statement:
         self.state.assume(plan, placement)
         self.placements.append((plan, placement))
 
-    def evict(self, plan: PodPlan, preemption: Preemption, timeout_s: float) -> None:
+    def evict(self, plan: PodPlan, preemption: Preemption, timeout_s: float,
+              room: Sequence[tuple[PodRequest, Placement]] | None = None) -> None:
         """Mark `preemption`'s victims as evicted for `plan` and nominate it on their node (a gang's
-        statement does this for each member that needs victims), holding for `timeout_s`."""
+        statement does this for each member that needs victims), holding for `timeout_s`. `room`: what
+        the plan counts on that is free already, held for `plan` from now on (default: what
+        `preemption.placement` takes beyond its victims' room, `held_room`; a gang passes its members'
+        on that node to one of them)."""
         self._check_open()
         victims = [v.uid for v in preemption.victims]
-        self.state.nominate(plan.uid, plan.key, preemption.node, plan.priority, victims, timeout_s)
+        if room is None:
+            room = free_room(self.state, plan, preemption)
+        self.state.nominate(plan.uid, plan.key, preemption.node, plan.priority, victims, timeout_s, room)
         self.evictions.append((plan, preemption))
 
     def commit(self) -> None:
