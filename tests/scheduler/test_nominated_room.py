@@ -170,3 +170,29 @@ def test_a_gang_holds_the_free_room_its_members_count_on() -> None:
     placed = world.cycle.schedule_gang(members, 2)
     assert placed.statement is not None and {p.node for _, p in placed.statement.placements} == {"n1"}
     assert world.holds() == [] and not world.state.nominations
+
+
+def test_a_more_important_preemptor_counting_on_a_lower_ones_free_room_takes_it_without_double_counting() -> None:
+    """kube-scheduler clears the nominations of lower-priority pods on the node it nominates a pod to;
+    here their holds on that node go (the nominations stay while their victims terminate)."""
+    state = ClusterState("gpupool", clock=lambda: 0.0)
+    state.apply_node(node_obj("n1", "dgx-h100"))
+    for name, priority in (("p", 100), ("q", 300)):
+        state.apply_pod(prio_pod(name, priority, gpus=2, node="n1", scheduler="other"))  # GPUs 0-1, 2-3
+    cycle = Cycle(state, lambda: build_policy("best-fit"), nomination_slack_s=60.0)
+    budgets = DisruptionBudgets()
+
+    def schedule(obj: dict[str, Any]) -> CycleResult:
+        return cycle.schedule(state.plan(obj), lambda: running_pods(state, budgets))
+
+    mid = prio_pod("mid", 500, gpus=6)
+    first = schedule(mid)
+    assert first.preemption is not None and [state.pods[v.uid].key for v in first.preemption.victims] == ["ns/p"]
+    assert free_gpus(state, "n1") == [0] * 8  # p's, and GPUs 4-7 held for mid
+    crit = prio_pod("crit", 1000, gpus=6)
+    second = schedule(crit)  # mid's room is not held against crit: q and GPUs 4-7 make room
+    assert second.preemption is not None and [state.pods[v.uid].key for v in second.preemption.victims] == ["ns/q"]
+    assert state.nominations[mid["metadata"]["uid"]].holds == set()  # crit's now, counted once
+    assert free_gpus(state, "n1") == [0] * 8
+    snap = state.snapshot
+    assert (snap.free_milli >= 0).all() and (snap.gpu_mem_free[snap.gpu_usable] >= 0).all()

@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 
 from gpupool_sched.cache.entries import TERMINATING, Nomination, Phase, PodEntry
 from gpupool_sched.cache.gates import Gates
+from gpupool_sched.model.cluster import ClusterSnapshot
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
 
@@ -167,6 +168,22 @@ class Nominator(Gates):
         for hold in list(nomination.holds):
             self._unlink(hold)  # un-accounted already (`release_holds`)
         nomination.holds.clear()
+
+    def unheld(self, own: Collection[str], priority: int | None = None) -> list[PodEntry]:
+        """The accounted holds a decision for `own` does not count: those of `own`'s nominations and (with
+        `priority`) of every nomination of lower priority, as `Statement.release_holds` releases them."""
+        out = []
+        for nomination in self.nominations.values():
+            if nomination.uid in own or (priority is not None and nomination.priority < priority):
+                out += [e for h in sorted(nomination.holds) if (e := self.pods.get(h)) is not None and e.applied]
+        return out
+
+    def unheld_snapshot(self, own: Collection[str], priority: int | None = None) -> ClusterSnapshot:
+        """A copy of the snapshot without the holds `unheld` names: what a decision for `own` may count on."""
+        snapshot = self.snapshot.copy()
+        for entry in self.unheld(own, priority):
+            snapshot.release(entry.request, entry.placement)
+        return snapshot
 
     def restore_holds(self, uid: str) -> None:
         nomination = self.nominations.get(uid)

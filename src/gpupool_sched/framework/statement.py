@@ -6,7 +6,8 @@ nomination and reserve destinations for movers. Each is applied to the cluster s
 the same decision see it, and recorded here:
   * `commit` settles what was released: a preemptor's own holds went with its placement (`assume` ends
     its nomination) or are accounted again; holds of less important preemptors are dropped on the nodes
-    this decision took and accounted again elsewhere.
+    this decision took or nominated a pod to (kube-scheduler clears lower nominations there) and
+    accounted again elsewhere.
     A claimed reservation is dropped when its claimant was placed, else accounted again.
   * `discard` undoes everything: placements forgotten, victims spared, nominations ended, reservations
     made dropped, every released hold and claimed reservation accounted again.
@@ -115,7 +116,8 @@ class Statement:
     def commit(self) -> None:
         self._check_open()
         placed = {plan.uid for plan, _ in self.placements}
-        taken = {placement.node for _, placement in self.placements}
+        # kube-scheduler clears the nominations of lower-priority pods on a node it nominates a pod to
+        taken = {placement.node for _, placement in self.placements} | {p.node for _, p in self.evictions}
         for uid in self._own_released:
             if uid not in placed:
                 self.state.restore_holds(uid)

@@ -33,8 +33,14 @@ def evict(session: Session, priority: int, candidates: list[RunningPod], reclaim
     """Plan evictions among `candidates` as if the job had `priority`; None when no plan has victims.
     `idle`: the candidates are idle pods (reclaim-idle); a plan that takes a gang member without its whole
     gang, or one a PodDisruptionBudget blocks, is not carried out (None: preempt and reclaim are tried)."""
-    snapshot = session.state.snapshot.copy() if session.offload else session.state.snapshot
     policy, rng, plans, budget = session.policy, session.rng, session.plans, session.candidates
+    # the room held for the job itself and for nominees of lower priority is free to it (kube-scheduler
+    # counts nominated pods only against pods of their priority or lower): the statement releases it too
+    own, lowest = {p.uid for p in plans}, min(p.priority for p in plans)
+    if session.state.unheld(own, lowest):
+        snapshot = session.state.unheld_snapshot(own, lowest)
+    else:
+        snapshot = session.state.snapshot.copy() if session.offload else session.state.snapshot
     compute: Callable[[], Any]
     if session.gang:
         requests = [p.request for p in plans]
@@ -72,6 +78,7 @@ def evict(session: Session, priority: int, candidates: list[RunningPod], reclaim
     if session.offload and not _still_holds(session, plan, nominees):
         return Outcome(stale=True)
     with Statement(session.state) as statement:
+        statement.release_holds(plans)  # what the plan may count on; lower nominees lose it on its node
         for member, preemption, room in nominees:
             statement.evict(session.plans[member], preemption, session.hold_s(v.uid for v in preemption.victims),
                             room)
@@ -118,7 +125,9 @@ def _still_holds(session: Session, plan: Preemption | GangPreemption, nominees: 
             return False
     if any(p.uid in state.pods or state.is_gone(p.uid) for p in session.plans):
         return False
-    return _fit_together(state.snapshot, [pair for _, _, room in nominees for pair in room])
+    room = [pair for _, _, held in nominees for pair in held]
+    return not room or _fit_together(state.unheld_snapshot({p.uid for p in session.plans},
+                                                           min(p.priority for p in session.plans)), room)
 
 
 def _fit_together(snapshot: ClusterSnapshot, pairs: list[tuple[PodRequest, Placement]]) -> bool:
