@@ -1,24 +1,32 @@
 """Preemption's marks on the ledger: victims being evicted (`PodEntry.evicting_for`, never chosen again)
-and nominations. When a victim goes, its entry becomes a NOMINATED hold under a synthetic UID, so that
-what it freed stays taken until the preemptor is placed, is deleted or bound elsewhere, or the
-nomination expires. Holds are released, dropped and restored for one decision only by its Statement
+and nominations. What the preemptor's plan counts on beyond its victims (room already free on its node) is
+held from the nomination on, as NOMINATED entries under synthetic UIDs (`hold/<uid>/room-<k>`); when a
+victim goes, its entry becomes one too (`hold/<uid>/<victim>`), so that what it freed stays taken until
+the preemptor is placed, is deleted or bound elsewhere, or the nomination expires. (kube-scheduler counts
+a nominated pod on its node when it filters pods of its priority or lower; docs/preemption.md.)
+Holds are released, dropped and restored for one decision only by its Statement
 (`gpupool_sched.framework.statement`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from gpupool_sched.cache.entries import TERMINATING, Nomination, Phase, PodEntry
 from gpupool_sched.cache.gates import Gates
+from gpupool_sched.model.cluster import ClusterSnapshot
+from gpupool_sched.model.decision import Placement
+from gpupool_sched.model.request import PodRequest
 
 log = logging.getLogger(__name__)
 
 
 class Nominator(Gates):
     def nominate(self, uid: str, key: str, node: str, priority: int, victims: Iterable[str],
-                 timeout_s: float) -> Nomination:
-        """Mark `victims` as evicted for `uid` (never chosen again) and record where it waits."""
+                 timeout_s: float, room: Sequence[tuple[PodRequest, Placement]] = ()) -> Nomination:
+        """Mark `victims` as evicted for `uid` (never chosen again) and record where it waits. `room`:
+        what its plan takes on `node` beyond what the victims free (`placement.preemption.held_room`),
+        held for it from now on, like what its victims free once they go."""
         self.end_nomination(uid)
         self.preemptions[uid] = self.preemptions.get(uid, 0) + 1
         nomination = Nomination(uid, key, node, priority, set(), self.clock() + timeout_s)
@@ -30,6 +38,14 @@ class Nominator(Gates):
             entry.evicting_for = uid
             nomination.victims.add(victim)
         self.nominations[uid] = nomination
+        for k, (request, placement) in enumerate(room):
+            hold = PodEntry(f"hold/{uid}/room-{k}", f"hold for {key} (free room)", node, request, placement,
+                            Phase.NOMINATED, True, self.clock())
+            self.pods[hold.uid] = hold
+            self.by_node[node].add(hold.uid)
+            nomination.holds.add(hold.uid)
+            self._apply(hold)
+            self._tell(hold)
         return nomination
 
     def mark_moving(self, uid: str, mover: str) -> None:
@@ -152,6 +168,22 @@ class Nominator(Gates):
         for hold in list(nomination.holds):
             self._unlink(hold)  # un-accounted already (`release_holds`)
         nomination.holds.clear()
+
+    def unheld(self, own: Collection[str], priority: int | None = None) -> list[PodEntry]:
+        """The accounted holds a decision for `own` does not count: those of `own`'s nominations and (with
+        `priority`) of every nomination of lower priority, as `Statement.release_holds` releases them."""
+        out = []
+        for nomination in self.nominations.values():
+            if nomination.uid in own or (priority is not None and nomination.priority < priority):
+                out += [e for h in sorted(nomination.holds) if (e := self.pods.get(h)) is not None and e.applied]
+        return out
+
+    def unheld_snapshot(self, own: Collection[str], priority: int | None = None) -> ClusterSnapshot:
+        """A copy of the snapshot without the holds `unheld` names: what a decision for `own` may count on."""
+        snapshot = self.snapshot.copy()
+        for entry in self.unheld(own, priority):
+            snapshot.release(entry.request, entry.placement)
+        return snapshot
 
     def restore_holds(self, uid: str) -> None:
         nomination = self.nominations.get(uid)

@@ -6,7 +6,8 @@ nomination and reserve destinations for movers. Each is applied to the cluster s
 the same decision see it, and recorded here:
   * `commit` settles what was released: a preemptor's own holds went with its placement (`assume` ends
     its nomination) or are accounted again; holds of less important preemptors are dropped on the nodes
-    this decision took and accounted again elsewhere.
+    this decision took or nominated a pod to (kube-scheduler clears lower nominations there) and
+    accounted again elsewhere.
     A claimed reservation is dropped when its claimant was placed, else accounted again.
   * `discard` undoes everything: placements forgotten, victims spared, nominations ended, reservations
     made dropped, every released hold and claimed reservation accounted again.
@@ -23,7 +24,18 @@ from gpupool_sched.cache.entries import PodEntry
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Placement
-from gpupool_sched.placement.preemption import Preemption
+from gpupool_sched.model.request import PodRequest
+from gpupool_sched.placement.preemption import Preemption, held_room
+
+
+def free_room(state: ClusterState, plan: PodPlan, preemption: Preemption,
+              takes: Sequence[tuple[PodRequest, Placement]] | None = None) -> list[tuple[PodRequest, Placement]]:
+    """What `plan`'s preemption counts on beyond its victims' room on its node (`held_room`), on the
+    live snapshot: `takes` (default: the preemption's placement of `plan`)."""
+    if takes is None:
+        takes = [(plan.request, preemption.placement)]
+    return held_room(state.snapshot, preemption.node, takes, preemption.victims, f"{plan.key} (free room)",
+                     plan.priority, plan.request.namespace)
 
 
 class Statement:
@@ -87,18 +99,25 @@ class Statement:
         self.state.assume(plan, placement)
         self.placements.append((plan, placement))
 
-    def evict(self, plan: PodPlan, preemption: Preemption, timeout_s: float) -> None:
+    def evict(self, plan: PodPlan, preemption: Preemption, timeout_s: float,
+              room: Sequence[tuple[PodRequest, Placement]] | None = None) -> None:
         """Mark `preemption`'s victims as evicted for `plan` and nominate it on their node (a gang's
-        statement does this for each member that needs victims), holding for `timeout_s`."""
+        statement does this for each member that needs victims), holding for `timeout_s`. `room`: what
+        the plan counts on that is free already, held for `plan` from now on (default: what
+        `preemption.placement` takes beyond its victims' room, `held_room`; a gang passes its members'
+        on that node to one of them)."""
         self._check_open()
         victims = [v.uid for v in preemption.victims]
-        self.state.nominate(plan.uid, plan.key, preemption.node, plan.priority, victims, timeout_s)
+        if room is None:
+            room = free_room(self.state, plan, preemption)
+        self.state.nominate(plan.uid, plan.key, preemption.node, plan.priority, victims, timeout_s, room)
         self.evictions.append((plan, preemption))
 
     def commit(self) -> None:
         self._check_open()
         placed = {plan.uid for plan, _ in self.placements}
-        taken = {placement.node for _, placement in self.placements}
+        # kube-scheduler clears the nominations of lower-priority pods on a node it nominates a pod to
+        taken = {placement.node for _, placement in self.placements} | {p.node for _, p in self.evictions}
         for uid in self._own_released:
             if uid not in placed:
                 self.state.restore_holds(uid)

@@ -140,7 +140,9 @@ class Defrag:
 
     def planned(self, plan: PodPlan, migration: Consolidation) -> None:
         moves = migration.moves
-        self.freeing[plan.uid] = Freeing(REASON, gpus_vacated(self.state.snapshot, moves), len(moves))
+        # the room held for the pod beside its movers is its own: counted as what the migration frees
+        vacated = gpus_vacated(self.state.unheld_snapshot({plan.uid}), moves)
+        self.freeing[plan.uid] = Freeing(REASON, vacated, len(moves))
         self.migrator.carry_out(plan, migration)
         self.movers.carried_out(m.pod.uid for m in migration.moves)
         self.started[plan.uid] = self.queue.clock()
