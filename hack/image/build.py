@@ -8,7 +8,9 @@ gpupool:<version> and gpupool-ray:<version> (root needed: mmdebstrap, chroot):
   2. wheels: the lock's pinned wheels (hack/image/fetch-wheels.sh, cached by the lock's hash) + gpupool's wheel;
      gpupool: hack/image/requirements.lock (the `server` extra), gpupool-ray: hack/image/requirements-ray.lock
      (`server` + `ray` extras + ray[default]: what a KubeRay RayJob's head, workers and submitter run)
-  3. a copy of the rootfs, hack/image/install.sh chrooted in it -> /opt/gpupool: the second layer
+  3. a copy of the rootfs, hack/image/install.sh chrooted in it -> /opt/gpupool: the second layer. gpupool-ray:
+     install.sh without gpupool's wheel -> its dependency layer, cached by the hash of the base recipe,
+     install.sh and the lock; then hack/image/install-app.sh adds gpupool's wheel: a third layer of its files
   4. out/image/<name>-<version>.oci.tar, sbom.json and packages.txt (gpupool-ray: sbom-ray.json, packages-ray.txt)
 pause:3.10 and gpupool-workload:<version>: static C programs (hack/image/*.c), one file each.
 Each archive is imported into /run/containerd/containerd.sock when that socket exists.
@@ -196,7 +198,7 @@ def write_sbom(out: Path, name: str, ver: str, debs: list[tuple[str, str, str]],
 
 
 # (lock file, sbom/packages suffix, cached dependency layer?, description) of the images built on the Debian
-# base. gpupool-ray's dependencies (Ray: 300 MiB) are a layer of their own, cached by the lock's hash, and
+# base. gpupool-ray's dependencies (450 MiB, most of it Ray) are a layer of their own, cached by the lock's hash, and
 # gpupool's wheel a small layer on it: a `make image` with a changed gpupool (CI) rebuilds only that.
 IMAGES = {
     "gpupool": ("requirements.lock", "", False, "gpupool scheduler, extender and device plugin"),
