@@ -98,7 +98,7 @@ demo: $(VPY) cluster-bins ## the chart on the local control plane (as pods on a 
 demo-down: $(VPY) ## remove everything `make demo` made (processes, chart, namespace, nodes; the cluster if it started it)
 	$(VPY) hack/demo.py down
 
-image: $(VPY) ## (root) OCI image gpupool:<version> from Debian packages + pause and workload images: out/image/, imported into /run/containerd's containerd when it runs
+image: $(VPY) ## (root) OCI images gpupool:<version> and gpupool-ray:<version> (+ Ray: the sweep's RayJob) from Debian packages + pause and workload images: out/image/, imported into /run/containerd's containerd when it runs
 	@if [ "$$(id -u)" != 0 ]; then echo "make image: needs root (mmdebstrap and chroot build the image's root file system): sudo make image" >&2; exit 1; fi
 	@command -v mmdebstrap >/dev/null || { echo "make image: mmdebstrap is not installed (apt-get install mmdebstrap)" >&2; exit 1; }
 	$(VPY) hack/image/build.py

@@ -1,13 +1,17 @@
-"""`make image` / `make node-images`: build gpupool's OCI image and the dev node's pause and workload images.
+"""`make image` / `make node-images`: build gpupool's OCI images and the dev node's pause and workload images.
 
-    python hack/image/build.py [--node-images-only] [--out out/image] [--no-import]
+    python hack/image/build.py [--node-images-only] [--no-ray] [--out out/image] [--no-import]
 
-gpupool:<version> (root needed: mmdebstrap, chroot):
+gpupool:<version> and gpupool-ray:<version> (root needed: mmdebstrap, chroot):
   1. base rootfs: hack/image/base.sh (mmdebstrap, Debian packages only), cached in
-     $GPUPOOL_CACHE/image/base-<hash of base.sh + packages.txt>/ with its compressed layer
-  2. wheels: the lock's pinned wheels (hack/image/fetch-wheels.sh, cached by the lock's hash) + gpupool's wheel
-  3. a copy of the rootfs, hack/image/install.sh chrooted in it -> /opt/gpupool: the second layer
-  4. out/image/gpupool-<version>.oci.tar, sbom.json (CycloneDX 1.5), packages.txt
+     $GPUPOOL_CACHE/image/base-<hash of base.sh + packages.txt>/ with its compressed layer; both images share it
+  2. wheels: the lock's pinned wheels (hack/image/fetch-wheels.sh, cached by the lock's hash) + gpupool's wheel;
+     gpupool: hack/image/requirements.lock (the `server` extra), gpupool-ray: hack/image/requirements-ray.lock
+     (`server` + `ray` extras + ray[default]: what a KubeRay RayJob's head, workers and submitter run)
+  3. a copy of the rootfs, hack/image/install.sh chrooted in it -> /opt/gpupool: the second layer. gpupool-ray:
+     install.sh without gpupool's wheel -> its dependency layer, cached by the hash of the base recipe,
+     install.sh and the lock; then hack/image/install-app.sh adds gpupool's wheel: a third layer of its files
+  4. out/image/<name>-<version>.oci.tar, sbom.json and packages.txt (gpupool-ray: sbom-ray.json, packages-ray.txt)
 pause:3.10 and gpupool-workload:<version>: static C programs (hack/image/*.c), one file each.
 Each archive is imported into /run/containerd/containerd.sock when that socket exists.
 """
@@ -19,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -89,20 +94,71 @@ def base_rootfs() -> tuple[Path, Layer]:
     return rootfs, save_layer(layer, meta)
 
 
-def wheels(work: Path) -> Path:
-    """A directory with the lock's wheels (cached by the lock's hash) and gpupool's own wheel."""
-    lock = HERE / "requirements.lock"
+def lock_wheels(lock: Path) -> Path:
+    """The cached directory with the lock's wheels (by the lock's hash), downloaded when missing."""
     cached = cache_dir() / f"wheels-{digest_of(lock)}"
     if not (cached / "requirements.lock").is_file():
         log(f"wheels: downloading what {lock.relative_to(REPO)} pins -> {cached}")
-        subprocess.run(["bash", str(HERE / "fetch-wheels.sh"), str(cached)], check=True,
+        subprocess.run(["bash", str(HERE / "fetch-wheels.sh"), str(cached), str(lock)], check=True,
                        env={**os.environ, "PIP": f"{sys.executable} -m pip"})
-    out = work / "wheels"
-    shutil.copytree(cached, out)
+    return cached
+
+
+def gpupool_wheel(out: Path) -> None:
     log("wheels: building gpupool's wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(out), str(REPO)], check=True, cwd=work)
+                    "--wheel-dir", str(out), str(REPO)], check=True, cwd=out)
+
+
+def wheels(work: Path, lock: Path) -> Path:
+    """A directory with the lock's wheels (cached by the lock's hash) and gpupool's own wheel."""
+    out = work / "wheels"
+    shutil.copytree(lock_wheels(lock), out)
+    gpupool_wheel(out)
     return out
+
+
+def chroot_install(root: Path, script: str, wheel_dir: Path) -> None:
+    """hack/image/SCRIPT WHEELS_DIR run as root inside the root file system `root`."""
+    shutil.copytree(wheel_dir, root / "tmp/wheels")
+    shutil.copy(HERE / script, root / f"tmp/{script}")
+    subprocess.run(["chroot", str(root), "/bin/sh", f"/tmp/{script}", "/tmp/wheels"], check=True,
+                   env={"PATH": DEFAULT_PATH, "HOME": "/root", "LC_ALL": "C.UTF-8"})
+    shutil.rmtree(root / "tmp/wheels")
+    (root / f"tmp/{script}").unlink()
+
+
+def deps_venv(name: str, lock: Path, rootfs: Path) -> tuple[Path, Layer]:
+    """/opt/gpupool with the lock's dependencies alone (install.sh without gpupool's wheel) and its layer,
+    cached in $GPUPOOL_CACHE/image/<name>-deps-<hash of the base recipe, install.sh and the lock>/: the part
+    of an image that changes with the lock only, built once instead of at every `make image`."""
+    key = digest_of(HERE / "base.sh", HERE / "packages.txt", HERE / "install.sh", lock)
+    d = cache_dir() / f"{name}-deps-{key}"
+    venv, meta = d / "opt-gpupool", d / "layer.json"
+    layer = cached_layer(meta)
+    if layer is not None and venv.is_dir():
+        log(f"{name}: dependency layer cached ({d})")
+        return venv, layer
+    for old in cache_dir().glob(f"{name}-deps-*"):  # earlier locks' venvs: ~500 MiB each
+        shutil.rmtree(old, ignore_errors=True)
+    d.mkdir(parents=True)
+    log(f"{name}: install.sh (dependencies only) in a copy of the rootfs -> {d}")
+    with tempfile.TemporaryDirectory(prefix="gpupool-image-") as tmp:
+        root = Path(tmp, "root")
+        subprocess.run(["cp", "-a", str(rootfs), str(root)], check=True)
+        chroot_install(root, "install.sh", lock_wheels(lock))
+        subprocess.run(["mv", str(root / "opt/gpupool"), str(venv)], check=True)
+    return venv, save_layer(make_layer(venv, d / "layer.tar.gz", prefix="opt/gpupool"), meta)
+
+
+def snapshot(tree: Path) -> dict[str, tuple[int, int, int]]:
+    """(mtime, size, mode) of every file and link under tree, by relative path."""
+    found = {}
+    for p in tree.rglob("*"):
+        st = p.lstat()
+        if not stat.S_ISDIR(st.st_mode):
+            found[str(p.relative_to(tree))] = (st.st_mtime_ns, st.st_size, st.st_mode)
+    return found
 
 
 def dpkg_packages(rootfs: Path) -> list[tuple[str, str, str]]:
@@ -124,47 +180,82 @@ def python_dists(venv_lib: Path) -> list[tuple[str, str]]:
     return sorted(found, key=lambda nv: nv[0].lower())
 
 
-def write_sbom(out: Path, ver: str, debs: list[tuple[str, str, str]], dists: list[tuple[str, str]]) -> None:
+def write_sbom(out: Path, name: str, ver: str, debs: list[tuple[str, str, str]], dists: list[tuple[str, str]],
+               suffix: str = "") -> None:
     components = [{"type": "library", "name": n, "version": v, "bom-ref": f"deb:{n}",
                    "purl": f"pkg:deb/debian/{n}@{v}?arch={a}&distro=debian-12"} for n, v, a in debs]
     components += [{"type": "library", "name": n, "version": v, "purl": f"pkg:pypi/{n.lower()}@{v}",
                     "bom-ref": f"pypi:{n.lower()}"} for n, v in dists]
     sbom = {"bomFormat": "CycloneDX", "specVersion": "1.5", "serialNumber": f"urn:uuid:{uuid.uuid4()}", "version": 1,
             "metadata": {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                         "component": {"type": "container", "name": "gpupool", "version": ver,
-                                       "bom-ref": f"gpupool:{ver}"}},
+                         "component": {"type": "container", "name": name, "version": ver,
+                                       "bom-ref": f"{name}:{ver}"}},
             "components": components}
-    (out / "sbom.json").write_text(json.dumps(sbom, indent=1) + "\n")
+    (out / f"sbom{suffix}.json").write_text(json.dumps(sbom, indent=1) + "\n")
     rows = [("debian", n, v) for n, v, _ in debs] + [("python", n, v) for n, v in dists]
     width = max(len(n) for _, n, _ in rows)
-    (out / "packages.txt").write_text("".join(f"{k:<7} {n:<{width}} {v}\n" for k, n, v in rows))
+    (out / f"packages{suffix}.txt").write_text("".join(f"{k:<7} {n:<{width}} {v}\n" for k, n, v in rows))
 
 
-def build_gpupool(out: Path, ver: str) -> Path:
+# (lock file, sbom/packages suffix, cached dependency layer?, description) of the images built on the Debian
+# base. gpupool-ray's dependencies (450 MiB, most of it Ray) are a layer of their own, cached by the lock's hash, and
+# gpupool's wheel a small layer on it: a `make image` with a changed gpupool (CI) rebuilds only that.
+IMAGES = {
+    "gpupool": ("requirements.lock", "", False, "gpupool scheduler, extender and device plugin"),
+    "gpupool-ray": ("requirements-ray.lock", "-ray", True,
+                    "gpupool with Ray and its dashboard: the head, workers and submitter of a sweep's KubeRay RayJob"),
+}
+# what only gpupool-ray sets: no usage-stats report (the cluster has no business reaching ray.io)
+RAY_ENV = ["RAY_USAGE_STATS_ENABLED=0"]
+
+
+def build_gpupool(out: Path, ver: str, name: str = "gpupool") -> Path:
+    lock_name, suffix, split, description = IMAGES[name]
+    lock = HERE / lock_name
     rootfs, base = base_rootfs()
+    start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpupool-image-") as tmp:
         work = Path(tmp)
-        wheel_dir = wheels(work)
         root = work / "root"
-        log("venv: install.sh in a copy of the rootfs")
-        subprocess.run(["cp", "-a", str(rootfs), str(root)], check=True)
-        shutil.copytree(wheel_dir, root / "tmp/wheels")
-        shutil.copy(HERE / "install.sh", root / "tmp/install.sh")
-        subprocess.run(["chroot", str(root), "/bin/sh", "/tmp/install.sh", "/tmp/wheels"], check=True,
-                       env={"PATH": DEFAULT_PATH, "HOME": "/root", "LC_ALL": "C.UTF-8"})
-        app = make_layer(root / "opt/gpupool", work / "app.tar.gz", prefix="opt/gpupool")
-        write_sbom(out, ver, dpkg_packages(root), python_dists(root / "opt/gpupool/lib"))
-        archive = out / f"gpupool-{ver}.oci.tar"
+        if split:
+            venv, deps = deps_venv(name, lock, rootfs)
+            log(f"{name}: install-app.sh (gpupool's wheel) on the dependency layer")
+            subprocess.run(["cp", "-a", str(rootfs), str(root)], check=True)
+            subprocess.run(["cp", "-a", str(venv), str(root / "opt/gpupool")], check=True)
+            before = snapshot(root / "opt/gpupool")
+            wheel_dir = work / "wheels"
+            wheel_dir.mkdir()
+            for pip_wheel in lock_wheels(lock).glob("pip-*.whl"):
+                shutil.copy(pip_wheel, wheel_dir)
+            gpupool_wheel(wheel_dir)
+            chroot_install(root, "install-app.sh", wheel_dir)
+            added = sorted(rel for rel, st in snapshot(root / "opt/gpupool").items() if before.get(rel) != st)
+            staging = work / "app"
+            staging.mkdir()
+            subprocess.run(["cp", "-a", "--parents", "-t", str(staging), *added], check=True,
+                           cwd=root / "opt/gpupool")
+            app = make_layer(staging, work / "app.tar.gz", prefix="opt/gpupool")
+            layers = [base, deps, app]
+            log(f"{name}: {len(added)} files added by gpupool's wheel")
+        else:
+            subprocess.run(["cp", "-a", str(rootfs), str(root)], check=True)
+            log(f"{name}: install.sh in a copy of the rootfs")
+            chroot_install(root, "install.sh", wheels(work, lock))
+            app = make_layer(root / "opt/gpupool", work / "app.tar.gz", prefix="opt/gpupool")
+            layers = [base, app]
+        write_sbom(out, name, ver, dpkg_packages(root), python_dists(root / "opt/gpupool/lib"), suffix)
+        archive = out / f"{name}-{ver}.oci.tar"
         config = ImageConfig(
             cmd=["gpupool", "--help"], user="65532:65532", working_dir="/",
-            env=[f"PATH=/opt/gpupool/bin:{DEFAULT_PATH}", "PYTHONUNBUFFERED=1", "LANG=C.UTF-8"],
-            labels={"org.opencontainers.image.title": "gpupool", "org.opencontainers.image.version": ver,
+            env=[f"PATH=/opt/gpupool/bin:{DEFAULT_PATH}", "PYTHONUNBUFFERED=1", "LANG=C.UTF-8"]
+            + (RAY_ENV if name == "gpupool-ray" else []),
+            labels={"org.opencontainers.image.title": name, "org.opencontainers.image.version": ver,
                     "org.opencontainers.image.licenses": "Apache-2.0",
-                    "org.opencontainers.image.description": "gpupool scheduler, extender and device plugin"})
-        write_oci_archive(archive, f"gpupool:{ver}", [base, app], config)
-    log(f"gpupool:{ver}: {(base.tar_size + app.tar_size) / 2**20:.1f} MiB uncompressed (Debian base "
-        f"{base.tar_size / 2**20:.1f} + /opt/gpupool {app.tar_size / 2**20:.1f}), {archive.stat().st_size / 2**20:.1f} "
-        "MiB as the archive")
+                    "org.opencontainers.image.description": description})
+        write_oci_archive(archive, f"{name}:{ver}", layers, config)
+    sizes = " + ".join(f"{layer.tar_size / 2**20:.1f}" for layer in layers)
+    log(f"{name}:{ver}: {sum(layer.tar_size for layer in layers) / 2**20:.1f} MiB uncompressed (layers: {sizes}; "
+        f"Debian base first), {archive.stat().st_size / 2**20:.1f} MiB as the archive; {time.monotonic() - start:.1f}s")
     return archive
 
 
@@ -187,6 +278,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=REPO / "out" / "image")
     p.add_argument("--node-images-only", action="store_true", help="only the pause and workload images")
+    p.add_argument("--no-ray", action="store_true", help="not gpupool-ray:<version> (the sweep's RayJob image)")
     p.add_argument("--no-import", action="store_true", help="write the archives only")
     args = p.parse_args()
     ver = version()
@@ -197,6 +289,8 @@ def main() -> int:
         if os.geteuid() != 0:
             sys.exit("make image: needs root (mmdebstrap and chroot build the root file system): sudo make image")
         archives.append(build_gpupool(args.out, ver))
+        if not args.no_ray:
+            archives.append(build_gpupool(args.out, ver, "gpupool-ray"))
     archives.append(build_static(args.out, "pause.c", "pause", PAUSE_NAME, "pause-3.10.oci.tar", "65535:65535"))
     archives.append(build_static(args.out, "workload.c", "workload", f"gpupool-workload:{ver}",
                                  f"gpupool-workload-{ver}.oci.tar", ""))

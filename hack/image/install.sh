@@ -10,7 +10,11 @@ venv=/opt/gpupool
 python3.11 -m venv --without-pip "$venv"
 "$venv/bin/python" "$(ls "$wheels"/pip-*.whl)/pip" install --quiet --no-cache-dir --no-index \
     --find-links "$wheels" --no-deps --require-hashes -r "$wheels/requirements.lock"
-"$venv/bin/python" -m pip install --quiet --no-cache-dir --no-index --no-deps "$wheels"/gpupool-*.whl
+# gpupool's own wheel, unless WHEELS_DIR has none: gpupool-ray's cached dependency layer, to which
+# install-app.sh adds it
+if ls "$wheels"/gpupool-*.whl >/dev/null 2>&1; then
+    "$venv/bin/python" -m pip install --quiet --no-cache-dir --no-index --no-deps "$wheels"/gpupool-*.whl
+fi
 "$venv/bin/python" -m pip check
 "$venv/bin/python" -m pip uninstall --quiet --yes pip
 # what nothing here runs: the venv's activate scripts, numpy's tests, C/Cython sources shipped in wheels,

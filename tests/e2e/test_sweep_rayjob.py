@@ -1,7 +1,9 @@
 """deploy/ray/sweep-rayjob.yaml against KubeRay's RayJob CRD (tests/data/kuberay/, vendored) on the real
 kube-apiserver: the CRD is installed, the manifest's objects are created with dryRun=All (the server
 validates them against the CRD's OpenAPI schema and stores nothing), and a manifest with a field of the
-wrong type is refused, which shows the schema is in force."""
+wrong type is refused, which shows the schema is in force. The head and workers run gpupool-ray (the image
+tests/image/test_image_ray.py runs a head and the sweep in) with their own probes, which KubeRay then does
+not replace with its exec probes (wget, which the image lacks), and rayVersion is the image's Ray."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "deploy" / "ray" / "sweep-rayjob.yaml"
 CRD = REPO / "tests" / "data" / "kuberay" / "ray.io_rayjobs.yaml.gz"
 CRD_NAME = "rayjobs.ray.io"
+RAY_LOCK = REPO / "hack" / "image" / "requirements-ray.lock"
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +67,18 @@ def test_the_sweep_rayjob_passes_the_crd_schema(kube: ClusterClient, namespace: 
     spec = created["spec"]
     assert spec["entrypoint"].startswith("gpupool simulate sweep --grid /etc/gpupool-sweep/grid.yaml")
     assert spec["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 4
+    assert f"\nray=={spec['rayClusterSpec']['rayVersion']} " in RAY_LOCK.read_text()
+    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    worker = spec["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    version = REPO.joinpath("pyproject.toml").read_text().split('version = "', 1)[1].split('"', 1)[0]
+    for pod in (head, worker):
+        container = pod["containers"][0]
+        assert container["image"] == f"gpupool-ray:{version}"
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"] == {"path": "/api/healthz", "port": 52365}
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+        assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
     # dry run: nothing was stored
     listed = client.CustomObjectsApi(kube.api_client).list_namespaced_custom_object("ray.io", "v1", namespace,
                                                                                      "rayjobs")

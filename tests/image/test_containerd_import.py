@@ -1,6 +1,6 @@
 """`import_image` against a real containerd: a private one (its own root, state and socket under a temporary
 directory, the CRI plugin off) takes the pause and workload archives written by hack/image/build.py, and the
-gpupool image when `make image` built it, under the names the kubelet asks for. Needs root and containerd;
+gpupool and gpupool-ray images when `make image` built them, under the names the kubelet asks for. Needs root and containerd;
 skipped without them, except where GPUPOOL_IMAGE_TESTS=required (.ci/run): then it fails."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from gpupool_devcluster.errors import DevClusterError
 from gpupool_devcluster.oci import import_image
-from tests.support.image import ARCHIVE, REPO, VERSION, require_or_skip
+from tests.support.image import ARCHIVE, RAY_ARCHIVE, REPO, VERSION, require_or_skip
 
 
 def _missing() -> str | None:
@@ -78,9 +78,10 @@ def test_node_images_and_gpupool_image_import(containerd: str, tmp_path: Path) -
                     "--out", str(out)], check=True)
     archives = [out / "pause-3.10.oci.tar", out / f"gpupool-workload-{VERSION}.oci.tar"]
     expected = {"registry.k8s.io/pause:3.10", f"docker.io/library/gpupool-workload:{VERSION}"}
-    if ARCHIVE.is_file():
-        archives.append(ARCHIVE)
-        expected.add(f"docker.io/library/gpupool:{VERSION}")
+    for archive, name in ((ARCHIVE, "gpupool"), (RAY_ARCHIVE, "gpupool-ray")):
+        if archive.is_file():
+            archives.append(archive)
+            expected.add(f"docker.io/library/{name}:{VERSION}")
     for archive in archives:
         import_image(archive, containerd)
     assert expected <= _images(containerd)

@@ -5,75 +5,16 @@ them, except where GPUPOOL_IMAGE_TESTS=required (.ci/run, which runs `make image
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import tarfile
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.support.image import ARCHIVE, REPO, require_or_skip
-
-
-def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (runc runs the image's root file system)"
-    if shutil.which("runc") is None:
-        return "needs runc (apt-get install runc)"
-    if not ARCHIVE.is_file():
-        return f"needs the image: {ARCHIVE.relative_to(REPO)} is missing (run `make image` as root)"
-    return None
-
-
-def unpack(archive: Path, dest: Path) -> dict:
-    """Extract the image's layers in order into dest; returns the image config blob."""
-    layout = dest.parent / "layout"
-    with tarfile.open(archive) as tar:
-        tar.extractall(layout, filter="data")
-    index = json.loads((layout / "index.json").read_text())
-    manifest = json.loads((layout / "blobs/sha256" / index["manifests"][0]["digest"].split(":")[1]).read_text())
-    dest.mkdir()
-    for layer in manifest["layers"]:  # as root, tar keeps owners, modes, links (the layers have no whiteouts)
-        subprocess.run(["tar", "-xzf", str(layout / "blobs/sha256" / layer["digest"].split(":")[1]), "-C", str(dest)],
-                       check=True)
-    config = json.loads((layout / "blobs/sha256" / manifest["config"]["digest"].split(":")[1]).read_text())
-    shutil.rmtree(layout)
-    return config
-
-
-class Bundle:
-    """An OCI runtime bundle of the image (read-only rootfs, no network but loopback) run with runc."""
-
-    def __init__(self, path: Path, image: dict) -> None:
-        self.path, self.image = path, image
-        self.state = path / "runc-state"
-        subprocess.run(["runc", "spec", "--bundle", str(path)], check=True)
-        self.spec = json.loads((path / "config.json").read_text())
-
-    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        """Run args in the image as its user (User of the image config), with its Env and WorkingDir."""
-        cfg = self.image["config"]
-        uid, _, gid = cfg["User"].partition(":")
-        process = self.spec["process"]
-        process.update(terminal=False, args=list(args), env=cfg["Env"], cwd=cfg.get("WorkingDir") or "/",
-                       user={"uid": int(uid), "gid": int(gid or uid)})
-        self.spec["root"] = {"path": "rootfs", "readonly": True}
-        (self.path / "config.json").write_text(json.dumps(self.spec))
-        cid = f"gpupool-image-test-{uuid.uuid4().hex[:8]}"
-        try:
-            return subprocess.run(["runc", "--root", str(self.state), "run", "--bundle", str(self.path), cid],
-                                  capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        finally:
-            subprocess.run(["runc", "--root", str(self.state), "delete", "--force", cid], capture_output=True)
+from tests.support.image import ARCHIVE, Bundle, missing_for_runc, require_or_skip, unpack
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bundle]:
-    require_or_skip(_missing())
+    require_or_skip(missing_for_runc(ARCHIVE))
     path = tmp_path_factory.mktemp("bundle")
     image = unpack(ARCHIVE, path / "rootfs")
     yield Bundle(path, image)
