@@ -1,7 +1,7 @@
 """`import_image` against a real containerd: a private one (its own root, state and socket under a temporary
-directory, the CRI plugin off) takes the pause and workload archives written by hack/image/build.py, and the
-gpupool and gpupool-ray images when `make image` built them, under the names the kubelet asks for. Needs root and containerd;
-skipped without them, except where GPUPOOL_IMAGE_TESTS=required (.ci/run): then it fails."""
+directory, the CRI plugin off) takes the pause and workload archives written by hack/image/build.py, and
+the gpupool and gpupool-ray images when `make image` built them, under the names the kubelet asks for.
+Needs root and containerd; skipped without them, except where GPUPOOL_IMAGE_TESTS=required (.ci/run): then it fails."""
 
 from __future__ import annotations
 
