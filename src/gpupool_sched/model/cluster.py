@@ -360,6 +360,12 @@ class ClusterSnapshot(SnapshotRows):
 
     def _check_placement(self, i: int, request: PodRequest, placement: Placement) -> None:
         """Reject a placement that does not fit this node before anything is changed."""
+        if not placement.extras and not request.extra and not placement.mig_devices:  # the common case, fast
+            count = len(self._nodes[i].gpus)
+            for j in placement.gpu_indices:
+                if not 0 <= j < count:
+                    raise ValueError(f"pod {request.name}: node {placement.node} has no GPU {j}")
+            return
         if len(placement.extras) != len(request.extra):
             raise ValueError(
                 f"pod {request.name}: placement has {len(placement.extras)} extra part(s) for "
