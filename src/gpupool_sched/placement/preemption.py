@@ -234,13 +234,13 @@ def _bound(work: ClusterSnapshot, request: PodRequest, by_row: dict[int, list[Ru
     rows = np.array(ordered, dtype=np.int64)
     cpu_sums, mem_sums = [], []
     for r in ordered:  # one pass per node (this runs over every lower-priority pod of every plan)
-        c = m = 0
+        cpu_sum = mem_sum = 0
         for p in by_row[r]:
             req = p.request
-            c += req.cpu_milli
-            m += req.memory_mib
-        cpu_sums.append(c)
-        mem_sums.append(m)
+            cpu_sum += req.cpu_milli
+            mem_sum += req.memory_mib
+        cpu_sums.append(cpu_sum)
+        mem_sums.append(mem_sum)
     cpu = np.array(cpu_sums, dtype=np.int64)
     mem = np.array(mem_sums, dtype=np.int64)
     count = np.array([len(by_row[r]) for r in ordered], dtype=np.int64)
@@ -295,15 +295,19 @@ def plan_preemption(
     least 100); the search starts at ``start_offset`` (the pod's name, and a copy of ``rng``: the
     caller's stream is not advanced). The result's ``considered`` says how many nodes were tried.
     """
-    seen: set[str] = set()
+    if len({pod.uid for pod in running}) != len(running):  # find the first one given twice
+        seen: set[str] = set()
+        for pod in running:
+            if pod.uid in seen:
+                raise ValueError(f"running pod {pod.uid} is given twice")
+            seen.add(pod.uid)
     by_row: dict[int, list[RunningPod]] = defaultdict(list)
+    index = snapshot.index
     for pod in running:
-        if pod.uid in seen:
-            raise ValueError(f"running pod {pod.uid} is given twice")
-        seen.add(pod.uid)
-        row = snapshot.index.get(pod.node)
-        if row is not None and pod.priority < priority:
-            by_row[row].append(pod)
+        if pod.priority < priority:
+            row = index.get(pod.node)
+            if row is not None:
+                by_row[row].append(pod)
     if not by_row:
         return None
 
