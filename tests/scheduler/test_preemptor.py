@@ -616,3 +616,26 @@ def test_a_commit_without_placements_gives_every_lower_hold_back(world: World) -
     assert len(world.state.nominations[mid["metadata"]["uid"]].holds) == 4 and held_gpus(world) == 4
     with pytest.raises(RuntimeError, match="committed"):
         statement.release_holds([critical])
+
+
+def test_running_pods_reuses_unchanged_candidates_and_rebuilds_changed_ones(world: World) -> None:
+    first = {p.uid: p for p in running_pods(world.state, world.budgets)}
+    again = {p.uid: p for p in running_pods(world.state, world.budgets)}
+    assert first.keys() == again.keys() and all(again[u] is first[u] for u in first)  # the memo
+    uid = next(u for u, o in world.pods.items() if o["metadata"]["name"] == "n1-low-1")
+    obj = bump(world.pods[uid])
+    obj["metadata"]["labels"] = {"app": "other"}
+    world.pods[uid] = obj
+    world.state.apply_pod(obj)
+    world.budgets.apply("ADDED", {
+        "metadata": {"namespace": "ns", "name": "keep-other"},
+        "spec": {"selector": {"matchLabels": {"app": "other"}}},
+        "status": {"disruptionsAllowed": 0},
+    })
+    after = {p.uid: p for p in running_pods(world.state, world.budgets)}
+    assert after[uid].pdb_blocked and after[uid].budgets == (("ns/keep-other", 0),)
+    assert not any(p.pdb_blocked for u, p in after.items() if u != uid)
+    world.state.pods[uid].evicting_for = "someone"  # being evicted: no candidate any more
+    assert uid not in {p.uid for p in running_pods(world.state, world.budgets)}
+    assert {p.uid for p in running_pods(world.state, world.budgets, below=150)} == {
+        u for u, o in world.pods.items() if o["spec"]["nodeName"] == "n1" and u != uid}

@@ -36,6 +36,26 @@ def test_copy_is_independent():
     assert snap.free_milli[0, 0] == 1000 and other.free_milli[0, 0] == 0
 
 
+def test_copies_share_per_node_sets_until_either_changes_a_row():
+    snap = ClusterSnapshot([gpu_node("a", 2), mig_node("m")])
+    mig = PodRequest(name="g", mig_profile="1g.10gb", mig_count=1)
+    share = PodRequest(name="s", gpu_count=1, gpu_milli=250)
+    snap.assume(mig, Placement(node="m", mig_devices=("MIG-m-0-b",)))
+    other = snap.copy()
+    third = other.copy()
+    other.release(mig, Placement(node="m", mig_devices=("MIG-m-0-b",)))
+    other.assume(share, Placement(node="a", gpu_indices=(0,), gpu_milli=250, gpu_memory_mib=1024))
+    assert "MIG-m-0-b" in snap.mig_taken[1] and "MIG-m-0-b" in third.mig_taken[1]
+    assert not other.mig_taken[1] and other.gpu_tags[0] == {"share": 1}
+    assert not snap.gpu_tags[0] and not third.gpu_tags[0]
+    snap.assume(mig, Placement(node="m", mig_devices=("MIG-m-0-a",)))  # the original writes its own too
+    assert third.mig_taken[1] == {"MIG-m-0-b"} and not other.mig_taken[1]
+    assert snap.mig_taken[1] == {"MIG-m-0-a", "MIG-m-0-b"}
+    snap.remove_node("a")  # row 1 moves to row 0, its ownership with it
+    snap.release(mig, Placement(node="m", mig_devices=("MIG-m-0-a",)))
+    assert snap.mig_taken[0] == {"MIG-m-0-b"} and third.mig_taken[1] == {"MIG-m-0-b"}
+
+
 def test_mig_gpu_is_not_offered_whole_or_shared():
     snap = ClusterSnapshot([mig_node("m")])
     assert snap.gpu_usable.tolist() == [[False, True]]

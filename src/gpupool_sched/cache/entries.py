@@ -71,6 +71,8 @@ class PodEntry:
     job: str = ""  # UID of the batch/v1 Job that controls it ("" when none): its podFailurePolicy decides movable
     ready: bool = False  # condition Ready is True (a surge waits for its new replica's: writer/surge.py)
     idle_never: bool = False  # gpupool.io/idle-reclaim: "never" (never reclaimed for being idle)
+    # victims.running_pods' memo: (the inputs it was built from, the RunningPod); rebuilt when any differs
+    victim_memo: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)

@@ -35,7 +35,7 @@ class UnknownNode(LookupError):
 
 def _counter_copy(counts: Counter[str]) -> Counter[str]:
     """A copy of `counts`, three times faster than Counter(counts) (whose update checks the argument's
-    type per call): a preemption plan copies the snapshot, one Counter per node."""
+    type per call): a snapshot copies a node's Counter before it first changes it (`_own_row`)."""
     out: Counter[str] = Counter()
     dict.update(out, counts)
     return out
@@ -74,6 +74,9 @@ class ClusterSnapshot(SnapshotRows):
         self.index: dict[str, int]
         self.mig_taken: list[set[str]]
         self.gpu_tags: list[Counter[str]]
+        # rows whose mig_taken/gpu_tags objects are this snapshot's own; None: all are. copy() shares
+        # them between both snapshots (copy-on-write: `_own_row` copies one before it is changed)
+        self._own: set[int] | None = None
         self.signatures: list[NodeSignature | None] = []  # by signature id; None once no node has it
         self._signature_id: dict[NodeSignature, int] = {}
         self._signature_refs: list[int] = []
@@ -158,13 +161,14 @@ class ClusterSnapshot(SnapshotRows):
         self.tie_rank[:] = [rank[name] for name in self._names]
 
     def copy(self) -> ClusterSnapshot:
-        """An independent snapshot with the same nodes and allocation (and empty caches)."""
+        """An independent snapshot with the same nodes and allocation (and empty caches). The per-node
+        MIG sets and tag Counters are shared until either snapshot changes a row (`_own_row`)."""
         other = object.__new__(ClusterSnapshot)
         other.__dict__.update(self.__dict__)
         other._buf = {key: buf.copy() for key, buf in self._buf.items()}
         other._nodes, other._names, other.index = list(self._nodes), list(self._names), dict(self.index)
-        other.mig_taken = [set(s) for s in self.mig_taken]
-        other.gpu_tags = [_counter_copy(c) for c in self.gpu_tags]
+        other.mig_taken, other.gpu_tags = list(self.mig_taken), list(self.gpu_tags)
+        self._own, other._own = set(), set()  # shared now: each copies a row's set/Counter before a change
         other.models, other._model_id = list(self.models), dict(self._model_id)
         other.mig_profiles, other._mig_model_keys = list(self.mig_profiles), list(self._mig_model_keys)
         other.signatures, other._signature_id = list(self.signatures), dict(self._signature_id)
@@ -189,6 +193,8 @@ class ClusterSnapshot(SnapshotRows):
             self._forget_signature(row)
             self._nodes[row] = spec
             self.mig_taken[row], self.gpu_tags[row] = set(), Counter()
+            if self._own is not None:
+                self._own.add(row)
             self._make_room(spec)
             keep = self._buf["version"][row], self._buf["tie_rank"][row]
             self._clear_row(row)
@@ -211,11 +217,18 @@ class ClusterSnapshot(SnapshotRows):
                 buf[row] = buf[last]
             for items in per_node:
                 items[row] = items[last]
+            if self._own is not None:
+                if last in self._own:
+                    self._own.add(row)
+                else:
+                    self._own.discard(row)
             self.index[self._names[row]] = row
             self._buf["version"][row] = version
         self._clear_row(last)
         for items in per_node:
             items.pop()
+        if self._own is not None:
+            self._own.discard(last)
         del self.index[name]
         self._rows -= 1
         self._expose()
@@ -242,6 +255,8 @@ class ClusterSnapshot(SnapshotRows):
         self.index[spec.name] = row
         self.mig_taken.append(set())
         self.gpu_tags.append(Counter())
+        if self._own is not None:
+            self._own.add(row)
         self._make_room(spec)
         self._write_rows(row, [spec])
         return row
@@ -329,13 +344,28 @@ class ClusterSnapshot(SnapshotRows):
             self._apply_gpus(i, part, sign)
         tag = request.gpu_tag()
         if tag != "cpu":
+            self._own_row(i)
             self.gpu_tags[i][tag] += sign
             if self.gpu_tags[i][tag] <= 0:
                 del self.gpu_tags[i][tag]
         self.version[i] += 1
 
+    def _own_row(self, i: int) -> None:
+        """Make row ``i``'s MIG set and tag Counter this snapshot's own (copy-on-write after copy())."""
+        own = self._own
+        if own is not None and i not in own:
+            self.mig_taken[i] = set(self.mig_taken[i])
+            self.gpu_tags[i] = _counter_copy(self.gpu_tags[i])
+            own.add(i)
+
     def _check_placement(self, i: int, request: PodRequest, placement: Placement) -> None:
         """Reject a placement that does not fit this node before anything is changed."""
+        if not placement.extras and not request.extra and not placement.mig_devices:  # the common case, fast
+            count = len(self._nodes[i].gpus)
+            for j in placement.gpu_indices:
+                if not 0 <= j < count:
+                    raise ValueError(f"pod {request.name}: node {placement.node} has no GPU {j}")
+            return
         if len(placement.extras) != len(request.extra):
             raise ValueError(
                 f"pod {request.name}: placement has {len(placement.extras)} extra part(s) for "
@@ -361,6 +391,7 @@ class ClusterSnapshot(SnapshotRows):
             self.free_milli[i, j] -= sign * part.gpu_milli
             self.gpu_mem_free[i, j] -= sign * (self.gpu_mem_total[i, j] if whole else part.gpu_memory_mib)
         if part.mig_devices:
+            self._own_row(i)
             slices = {s.uuid: (s.profile, g) for g in self._nodes[i].gpus for s in g.mig_slices}
             for uuid in part.mig_devices:
                 profile, gpu = slices[uuid]

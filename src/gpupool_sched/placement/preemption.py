@@ -158,18 +158,20 @@ def mig_slice_milli(profile: str, gpu: GpuSpec) -> int:
 
 def gpu_cost(placement: Placement, spec: NodeSpec) -> GpuCost:
     """What evicting the pod placed at ``placement`` on the node ``spec`` gives up in GPU capacity."""
-    cost = GpuCost()
+    milli = whole = 0
     for part in placement.parts():
+        n = len(part.gpu_indices)
         if part.gpu_milli == MILLI:
-            cost += GpuCost(MILLI * len(part.gpu_indices), len(part.gpu_indices))
+            milli += MILLI * n
+            whole += n
         else:
-            cost += GpuCost(part.gpu_milli * len(part.gpu_indices))
+            milli += part.gpu_milli * n
         if part.mig_devices:
             slices = {s.uuid: (s.profile, g) for g in spec.gpus for s in g.mig_slices}
             for uuid in part.mig_devices:
                 if uuid in slices:
-                    cost += GpuCost(mig_slice_milli(*slices[uuid]))
-    return cost
+                    milli += mig_slice_milli(*slices[uuid])
+    return GpuCost(milli, whole)
 
 
 def with_requirement(request: PodRequest, requirement: Requirement) -> PodRequest:
@@ -228,10 +230,20 @@ def _bound(work: ClusterSnapshot, request: PodRequest, by_row: dict[int, list[Ru
     """Rows where the pod might fit once every lower-priority pod there is gone: a necessary condition
     of the default filter chain (node constraints, pod slots, CPU, memory, whole GPUs), cheap enough to
     spare releasing pods on nodes that cannot serve."""
-    rows = np.array(sorted(by_row), dtype=np.int64)
-    cpu = np.array([sum(p.request.cpu_milli for p in by_row[r]) for r in rows], dtype=np.int64)
-    mem = np.array([sum(p.request.memory_mib for p in by_row[r]) for r in rows], dtype=np.int64)
-    count = np.array([len(by_row[r]) for r in rows], dtype=np.int64)
+    ordered = sorted(by_row)
+    rows = np.array(ordered, dtype=np.int64)
+    cpu_sums, mem_sums = [], []
+    for r in ordered:  # one pass per node (this runs over every lower-priority pod of every plan)
+        cpu_sum = mem_sum = 0
+        for p in by_row[r]:
+            req = p.request
+            cpu_sum += req.cpu_milli
+            mem_sum += req.memory_mib
+        cpu_sums.append(cpu_sum)
+        mem_sums.append(mem_sum)
+    cpu = np.array(cpu_sums, dtype=np.int64)
+    mem = np.array(mem_sums, dtype=np.int64)
+    count = np.array([len(by_row[r]) for r in ordered], dtype=np.int64)
     ok = (work.pods_free[rows] + count >= 1) & (work.cpu_free[rows] + cpu >= request.cpu_milli)
     ok &= work.mem_free[rows] + mem >= request.memory_mib
     c = constraints_of(request)
@@ -241,16 +253,20 @@ def _bound(work: ClusterSnapshot, request: PodRequest, by_row: dict[int, list[Ru
         ok &= taint_mask(work, c)[rows]
     if work.cordoned_nodes and not tolerates_cordon(c):
         ok &= cordon_mask(work)[rows]
-    if request.is_whole:
-        freed = np.zeros((rows.size, work.gpu_slots), dtype=np.int64)
-        for k, r in enumerate(rows):
-            for pod in by_row[int(r)]:
+    if request.is_whole:  # only for the rows still in: the rest are out whatever their GPUs
+        rows = rows[ok]
+        slots = work.gpu_slots
+        sums = [0] * (len(rows) * slots)  # row-major [rows, slots], filled in Python (no numpy scalars)
+        for k, r in enumerate(rows.tolist()):
+            base = k * slots
+            for pod in by_row[r]:
                 for part in pod.placement.parts():
                     for j in part.gpu_indices:
-                        freed[k, j] += part.gpu_milli
+                        sums[base + j] += part.gpu_milli
+        freed = np.array(sums, dtype=np.int64).reshape(len(rows), slots)
         free_after = (work.free_milli[rows] + freed == MILLI) & work.gpu_usable[rows]
         free_after &= work.allowed_models(request.gpu_models)[rows]
-        ok &= free_after.sum(axis=1) >= request.gpu_count
+        ok = free_after.sum(axis=1) >= request.gpu_count
     return [int(r) for r in rows[ok]]
 
 
@@ -279,15 +295,19 @@ def plan_preemption(
     least 100); the search starts at ``start_offset`` (the pod's name, and a copy of ``rng``: the
     caller's stream is not advanced). The result's ``considered`` says how many nodes were tried.
     """
-    seen: set[str] = set()
+    if len({pod.uid for pod in running}) != len(running):  # find the first one given twice
+        seen: set[str] = set()
+        for pod in running:
+            if pod.uid in seen:
+                raise ValueError(f"running pod {pod.uid} is given twice")
+            seen.add(pod.uid)
     by_row: dict[int, list[RunningPod]] = defaultdict(list)
+    index = snapshot.index
     for pod in running:
-        if pod.uid in seen:
-            raise ValueError(f"running pod {pod.uid} is given twice")
-        seen.add(pod.uid)
-        row = snapshot.index.get(pod.node)
-        if row is not None and pod.priority < priority:
-            by_row[row].append(pod)
+        if pod.priority < priority:
+            row = index.get(pod.node)
+            if row is not None:
+                by_row[row].append(pod)
     if not by_row:
         return None
 

@@ -6,6 +6,7 @@ The writer (`writer/preemptor.py`) carries the evictions out. docs/preemption.md
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from gpupool_sched.placement.preemption import RunningPod
 
 log = logging.getLogger(__name__)
 
+_GENERATIONS = itertools.count()
 DEFAULT_GRACE_S = 30  # a pod's terminationGracePeriodSeconds when it says nothing (the API server's default)
 # gpupool.io/checkpoint-grace-seconds above this is clamped to it (scheduler flag --max-checkpoint-grace):
 # the annotation is the workload's own say, and a preemptor waits that long for the room
@@ -85,6 +87,8 @@ class DisruptionBudgets:
 
     def __init__(self) -> None:
         self.budgets: dict[tuple[str, str], Budget] = {}
+        # changed on every watch event, never the same number twice in a process (running_pods' memos)
+        self.generation = next(_GENERATIONS)
 
     def apply(self, kind: str | None, obj: Mapping[str, Any]) -> bool:
         """Take in a watch event; True when it relaxed the budgets (one was removed or allows more
@@ -93,6 +97,7 @@ class DisruptionBudgets:
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         budget = None if kind == "DELETED" else parse_budget(obj)
         before = self.budgets.get(key)
+        self.generation = next(_GENERATIONS)
         if budget is None:
             self.budgets.pop(key, None)
             return before is not None
@@ -111,15 +116,29 @@ class DisruptionBudgets:
 
 def running_pods(state: ClusterState, budgets: DisruptionBudgets, below: int | None = None) -> list[RunningPod]:
     """The ledger's candidates for eviction (bound or confirmed, not already being evicted, no holds);
-    with `below`, only those of lower priority (the only ones preemption may pick)."""
+    with `below`, only those of lower priority (the only ones preemption may pick).
+
+    Each entry keeps the RunningPod last built for it (`PodEntry.victim_memo`) with what it was built
+    from (request, placement, node, key, labels, start, the budgets' generation); it is reused while all
+    of them are the same objects, so a preemption does not rebuild thousands of unchanged candidates."""
     out: list[RunningPod] = []
+    generation = budgets.generation if budgets.budgets else -1  # -1: no budget covers anything
     for entry in state.running():
-        if below is not None and entry.request.priority >= below:
+        request = entry.request
+        if below is not None and request.priority >= below:
             continue
-        namespace = entry.key.partition("/")[0]
-        covering = budgets.covering(namespace, entry.labels) if budgets.budgets else ()
-        out.append(RunningPod(entry.uid, entry.node, entry.request.priority, entry.request, entry.placement,
-                              entry.started, any(allowed <= 0 for _, allowed in covering), covering))
+        memo = entry.victim_memo
+        if (memo is not None and memo[0] is request and memo[1] is entry.placement and memo[2] == generation
+                and memo[3] is entry.labels and memo[4] == entry.started and memo[5] is entry.node
+                and memo[6] is entry.key and memo[7] is entry.uid):
+            out.append(memo[8])
+            continue
+        covering = budgets.covering(entry.key.partition("/")[0], entry.labels) if generation >= 0 else ()
+        pod = RunningPod(entry.uid, entry.node, request.priority, request, entry.placement, entry.started,
+                         any(allowed <= 0 for _, allowed in covering), covering)
+        entry.victim_memo = (request, entry.placement, generation, entry.labels, entry.started, entry.node,
+                             entry.key, entry.uid, pod)
+        out.append(pod)
     return out
 
 
