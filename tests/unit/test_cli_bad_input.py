@@ -15,18 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpupool_sched.cli as gpupool_cli
+from tests.support.cli_run import run
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = gpupool_cli.main(argv)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 2
-    return code, out.getvalue(), err.getvalue()
 
 
 def one_line(argv: list[str], *words: str) -> str:

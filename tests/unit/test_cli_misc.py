@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import io
 import re
 import subprocess
 import tomllib
@@ -16,18 +14,9 @@ import pytest
 
 import gpupool_sched
 import gpupool_sched.cli as gpupool_cli
+from tests.support.cli_run import run
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = gpupool_cli.main(argv)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 2
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_version_is_the_installed_distributions() -> None:

@@ -5,14 +5,11 @@ command's bad input. The engine is the scheduler service itself: these check wha
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-import gpupool_sched.cli as gpupool_cli
 from gpupool_deviceplugin.publication import node_publication_for_profile
 from gpupool_sched.errors import UserError
 from gpupool_sched.scheduler.service import SchedulerConfig
@@ -20,6 +17,7 @@ from gpupool_sched.simulate.continuation import draw, recent_mix
 from gpupool_sched.simulate.dryrun import Decision, DryRunApi, Outcome, run_what_if
 from gpupool_sched.simulate.whatif import candidate_config, policy_of
 from gpupool_sched.simulate.whatif_report import report_json, summary
+from tests.support.cli_run import run
 
 SCHED = "gpupool"
 
@@ -156,16 +154,6 @@ def test_report_counts_placed_pending_victims_and_moves() -> None:
 
 
 # ---- bad input -------------------------------------------------------------------------------------
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = gpupool_cli.main(argv)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 2
-    return code, out.getvalue(), err.getvalue()
-
-
 def one_line(argv: list[str]) -> str:
     code, _, err = run(["simulate", "--from-cluster", *argv])
     assert code == 2, err

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -14,6 +13,7 @@ from pathlib import Path
 from gpupool_sched.errors import UserError
 from gpupool_sched.placement.registry import POLICIES
 from gpupool_sched.simulate import timecli, whatif
+from gpupool_sched.simulate.outputs import write_outputs
 from gpupool_sched.simulate.run import PROFILE_SOURCES, prepare_workload, simulate
 from gpupool_sched.simulate.trace import KNOWN_GPU_MODELS, TraceError, read_trace
 
@@ -246,19 +246,10 @@ def run(args: argparse.Namespace) -> int:
     for note in off_full(reports):
         print(f"warning: {note}", file=sys.stderr)
     Console(width=None if sys.stdout.isatty() else 110).print(render_table(reports, bound))
-    if args.json:
-        payload = report_json(reports, bound)
-        try:
-            args.json.write_text(json.dumps(payload, indent=1) + "\n")
-        except OSError as exc:  # checked before the run; the disk may still fill up
-            raise UserError(f"--json {args.json}: cannot write: {exc.strerror or exc}") from None
-        print(f"JSON report: {args.json}")
-    if args.plot:
+    def draw(path: Path) -> None:
         from gpupool_sched.simulate.plot import plot_reports
 
-        try:
-            plot_reports(reports, args.plot)
-        except OSError as exc:
-            raise UserError(f"--plot {args.plot}: cannot write: {exc.strerror or exc}") from None
-        print(f"plot: {args.plot}")
+        plot_reports(reports, path)
+
+    write_outputs(args.json, lambda: report_json(reports, bound), args.plot, draw)
     return 0

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
+from pathlib import Path
 
 from gpupool_sched.errors import UserError
 from gpupool_sched.placement.registry import POLICIES
+from gpupool_sched.simulate.outputs import write_outputs
 
 MODES = ("arrivals", "time")
 MAX_DAYS = 365.0
@@ -145,18 +146,11 @@ def run_time_mode(args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else 120)
     for table in render_time_tables(reports):
         console.print(table)
-    if args.json:
-        try:
-            args.json.write_text(json.dumps([r.json() for r in reports], indent=1) + "\n")
-        except OSError as exc:
-            raise UserError(f"--json {args.json}: cannot write: {exc.strerror or exc}") from None
-        print(f"JSON report: {args.json}")
-    if args.plot:
+
+    def draw(path: Path) -> None:
         from gpupool_sched.simulate.timereport import plot_time
 
-        try:
-            plot_time(reports, args.plot)
-        except OSError as exc:
-            raise UserError(f"--plot {args.plot}: cannot write: {exc.strerror or exc}") from None
-        print(f"plot: {args.plot}")
+        plot_time(reports, path)
+
+    write_outputs(args.json, lambda: [r.json() for r in reports], args.plot, draw)
     return 0
