@@ -27,7 +27,7 @@ from gpupool_sched.framework.plugins.movers import JOBS, DefragConfig
 from gpupool_sched.kube import migration_record
 from gpupool_sched.kube.kubeapi import DELETION_COST
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService
-from gpupool_sched.writer.surge import LOWEST_COST, MIGRATE, REVISION, SURGE_RECORD, SURGING, SurgeRecord
+from gpupool_sched.writer.surge_record import LOWEST_COST, MIGRATE, REVISION, SURGE_RECORD, SURGING, SurgeRecord
 from tests.support.apiserver import NODES, PODS, ApiServer
 from tests.support.defrag_service import (
     MEM,

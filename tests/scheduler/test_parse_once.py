@@ -142,10 +142,10 @@ def test_a_pending_pods_object_is_let_go_once_the_watch_shows_it_bound() -> None
         uid = pod["metadata"]["uid"]
         service.on_pod("ADDED", pod)
         service.schedule_one(QueuedPod(uid=uid, key="ns/p", priority=0, created=0.0))
-        assert uid in service.state.pods and uid in service._pending  # assumed: the watch has not shown it yet
+        assert uid in service.state.pods and uid in service.pending  # assumed: the watch has not shown it yet
         bound = bump(pod)
         bound["spec"]["nodeName"] = service.state.pods[uid].node
         service.on_pod("MODIFIED", bound)
-        assert uid in service.state.pods and uid not in service._pending
+        assert uid in service.state.pods and uid not in service.pending
 
     asyncio.run(with_service(test))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpupool_sched.placement.registry import POLICIES, build_policy
-from gpupool_sched.simulate.bound import lower_bound, measured_prefix
+from gpupool_sched.simulate.bound import lower_bound
+from gpupool_sched.simulate.bound_instance import measured_prefix
 from gpupool_sched.simulate.replay import replay
 from gpupool_sched.simulate.report import build_report
 from gpupool_sched.simulate.run import bound_report, prepare_workload

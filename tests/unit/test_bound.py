@@ -9,7 +9,8 @@ import pytest
 
 from gpupool_sched.model.cluster import GpuSpec, NodeSpec
 from gpupool_sched.model.request import MILLI, PodRequest
-from gpupool_sched.simulate.bound import config_lp, instance, lower_bound, measured_prefix, pattern_lp
+from gpupool_sched.simulate.bound import config_lp, lower_bound, pattern_lp
+from gpupool_sched.simulate.bound_instance import instance, measured_prefix
 
 
 def node(name: str, gpus: int, model: str = "T4", cpu: int = 32000, mem: int = 65536) -> NodeSpec:

@@ -85,7 +85,7 @@ def test_a_moved_mark_round_trips_and_anything_else_is_refused() -> None:
 
 
 def test_a_surge_record_round_trips_and_anything_else_is_refused() -> None:
-    from gpupool_sched.writer.surge import SURGE_RECORD, SurgeRecord
+    from gpupool_sched.writer.surge_record import SURGE_RECORD, SurgeRecord
     record = SurgeRecord(8, "uid-a", "ns/t-1", "ReplicaSet/ns/t", "uid-big", 1764669450.5, 1764669750.5)
     assert SurgeRecord.decode(record.encode()) == record
     for raw in ("not json", "{}", json.dumps({**json.loads(record.encode()), "replicas": "eight"}), "[]"):

@@ -133,7 +133,7 @@ class Defrag:
             try:
                 found = migration_record.decode(record)
             except ValueError:
-                return  # said where the holds are read (the service's _follow_migration)
+                return  # said where the holds are read (scheduler/adoption.py)
             for move in found.moves:
                 self.movers.remember(move.mover, self.state.replaced.get(move.mover, move.mover), move.mover_key,
                                      move.owner, found.at)

@@ -37,10 +37,8 @@ from gpupool_sched.framework.plugins.movers import DefragConfig, job_kind
 from gpupool_sched.framework.plugins.quotas import QuotaBook, quota_kinds
 from gpupool_sched.framework.plugins.victims import DEFAULT_MAX_CHECKPOINT_GRACE_S, DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, QuotaFreed, SchedulingQueue
-from gpupool_sched.kube import migration_record
 from gpupool_sched.kube.informer import Informers, WatchedKind
 from gpupool_sched.kube.kubeapi import ApiError, KubeApi
-from gpupool_sched.kube.pod_input import InvalidPod
 from gpupool_sched.kube.podinfo import PodInfo
 from gpupool_sched.metrics import SchedulerMetrics
 from gpupool_sched.placement.candidates import (
@@ -48,11 +46,12 @@ from gpupool_sched.placement.candidates import (
     MIN_CANDIDATE_NODES_PERCENTAGE,
     CandidateBudget,
 )
-from gpupool_sched.scheduler.defrag import PURPOSE as BACKGROUND_PURPOSE
+from gpupool_sched.scheduler.adoption import Adoption
 from gpupool_sched.scheduler.defrag import Defrag
 from gpupool_sched.scheduler.elastic import Elastic, ElasticConfig
 from gpupool_sched.scheduler.gang_upkeep import GangUpkeep
 from gpupool_sched.scheduler.gauges import Gauges
+from gpupool_sched.scheduler.housekeeping import Housekeeping
 from gpupool_sched.scheduler.idle import IdleReclaim
 from gpupool_sched.scheduler.leader import AlwaysLeader, LeaderElector
 from gpupool_sched.scheduler.scheduling import Scheduling
@@ -152,11 +151,11 @@ class SchedulerService:
         self.recorder = EventRecorder(api.lane(config.event_workers), self.metrics,
                                       workers=config.event_workers,
                                       keep_scheduled=config.scheduled_events == "all",
-                                      waiting=lambda uid: uid in self._pending and uid not in self.state.pods)
+                                      waiting=lambda uid: uid in self.pending and uid not in self.state.pods)
         self.budgets = DisruptionBudgets()
         self.preemptor = Preemptor(self.state, api, self.queue, self.metrics, self.recorder,
                                    max_checkpoint_grace_s=config.max_checkpoint_grace_s)
-        self._pending: dict[str, PodInfo] = {}  # uid -> latest event of our pending pods, read once
+        self.pending: dict[str, PodInfo] = {}  # uid -> latest event of our pending pods, read once
         self.gangs = Gangs()
         self.quotas = QuotaBook(self.state, self.metrics.registry)
         self.quotas.on_freed = lambda quota: self.queue.on_event(QuotaFreed(quota))  # over-quota pods: wake_hints
@@ -174,15 +173,17 @@ class SchedulerService:
         self.idle = IdleReclaim(config.idle, self.state, self.quotas, self.gangs, self.budgets, self.preemptor,
                                 self.recorder, self.metrics)
         self.scheduling = Scheduling(self.state, self.queue, self.cycle, self.quotas, self.gangs, self.budgets,
-                                     self.binder, self.preemptor, self.recorder, self.metrics, self._pending,
+                                     self.binder, self.preemptor, self.recorder, self.metrics, self.pending,
                                      self.policies.observe, self.defrag, self.idle,
                                      elastic=self.elastic if config.elastic.enabled else None)
         self.statuses = StatusWriter(api)  # GpuQuota and PodGroup status
         self.gang_upkeep = GangUpkeep(self.state, self.gangs, self.statuses, self.preemptor, self.recorder,
-                                      self.metrics, lambda: self.leader.is_leader, self._spawn, self._wake_gang,
+                                      self.metrics, lambda: self.leader.is_leader, self.spawn, self._wake_gang,
                                       repair_s=config.gang_repair_s)
         self.gauges = Gauges(self.metrics, self.state, self.queue, lambda: self.leader.is_leader,
                              self.policies.profile.profile, config.memory_unit_mib)
+        self.adoption = Adoption(self.state, self.queue, self.quotas, self.cycle.hold_s, self.defrag.started)
+        self.housekeeping = Housekeeping(self)
         self._gc_pauses = gcpolicy.GcPauses(
             lambda generation, seconds: self.metrics.gc_seconds.labels(generation=str(generation)).inc(seconds))
 
@@ -198,7 +199,7 @@ class SchedulerService:
         self._tasks = [
             loop.create_task(self.leader.run(), name="leader"),
             loop.create_task(self._cycle_loop(), name="cycle"),
-            loop.create_task(self._housekeeping(), name="housekeeping"),
+            loop.create_task(self.housekeeping.run(), name="housekeeping"),
             loop.create_task(self.informers.run_checks(), name="consistency-check"),
         ]
         log.info("scheduler %s started in %.1f s: %d nodes, %d pods in the ledger, %d pending",
@@ -287,7 +288,7 @@ class SchedulerService:
         self.defrag.observe(uid, obj, kind == "DELETED")
         self.elastic.observe(uid, obj, kind == "DELETED")
         if update.gone:
-            self._pending.pop(uid, None)
+            self.pending.pop(uid, None)
             self.queue.delete(uid)
             self.defrag.forget(uid)
             self.elastic.forget(uid)
@@ -300,49 +301,14 @@ class SchedulerService:
             self.binder.gate_released(update.gate_released)
         if update.pending_ours:
             log.debug("pod %s pending (%s)", info.key, kind)
-            self._pending[uid] = info.follows(self._pending.get(uid))
+            self.pending[uid] = info.follows(self.pending.get(uid))
             priority = obj.get("spec", {}).get("priority")
             if not isinstance(priority, int):
                 priority = self.state.priority_classes.get(obj.get("spec", {}).get("priorityClassName") or "", 0)
             item = QueuedPod(uid=uid, key=info.key, priority=priority, created=_created(obj), payload=None,
                              revision=info.revision)
             self.queue.add(item)
-            movers, until = self._follow_migration(info)
-            self._follow_nomination(info, priority, movers)
-            if until is not None:
-                self.state.extend_adopted(info.uid, until)  # a surge extended the record: hold as long
-
-    def _follow_migration(self, info: PodInfo) -> tuple[frozenset[str], float | None]:
-        """Mirror the holds of a migration another instance (or this process before a restart) carried out
-        for this pod (its `gpupool.io/migration` record): each mover's destination stays held for its
-        replacement, until the record's `until` (extended when a surge extends it). Returns the movers'
-        UIDs (the pod's adopted nomination holds what they free) and that deadline (the state's clock)."""
-        if info.uid in self.defrag.started:
-            return frozenset(), None  # ours: the state holds it already
-        try:
-            record = migration_record.record_of(info.obj)
-        except ValueError as exc:
-            log.warning("pod %s: %s", info.key, exc)
-            return frozenset(), None
-        if record is None:
-            return frozenset(), None
-        deadline = self.state.clock() + (record.until - time.time())
-        for move in record.moves:
-            self.state.adopt_reservation(info.uid, move, record.at, deadline)
-        return frozenset(m.mover for m in record.moves), deadline
-
-    def _follow_nomination(self, info: PodInfo, priority: int, movers: frozenset[str] = frozenset()) -> None:
-        """Mirror a nomination another instance made (status.nominatedNodeName): a standby holds what the
-        leader's victims (or a migration's movers, whatever their priority) free, so a failover does not
-        hand that room to lower priorities or preempt again."""
-        node = (info.obj.get("status") or {}).get("nominatedNodeName")
-        if isinstance(node, str) and node:
-            quota = self.quotas.reclaimable_by(info)
-            reclaims = quota if not movers else (
-                lambda e: e.uid in movers or (quota is not None and quota(e)))
-            self.state.adopt_nomination(info.uid, info.key, node, priority, self.cycle.hold_s, reclaims=reclaims)
-        elif self.state.drop_adopted(info.uid):
-            self.queue.on_event(ClusterEvent.GPU_FREED)
+            self.adoption.follow(info, priority)
 
     # ---- the cycle -----------------------------------------------------------------------------
     async def _cycle_loop(self) -> None:
@@ -388,82 +354,21 @@ class SchedulerService:
 
     def _unbound(self, uid: str) -> None:
         """A pod read unbound after its Binding's outcome was unknown: back to the queue."""
-        info = self._pending.get(uid)
+        info = self.pending.get(uid)
         if info is not None:
             self.on_pod("MODIFIED", dict(info.obj))
 
     def _verify_unconfirmed(self) -> None:
-        for entry in self.state.expire():
-            namespace, _, name = entry.key.partition("/")
-            self.binder.verify(entry.uid, entry.key, namespace, name, entry.node, None)
-
-    # ---- housekeeping: flush, expiry, gauges -----------------------------------------------------
-    async def _housekeeping(self) -> None:
-        tick = 0
-        while True:
-            await asyncio.sleep(self.config.housekeeping_s)
-            try:
-                self.queue.flush()
-                self._verify_unconfirmed()
-                self._expire_nominations()
-                self.defrag.tick()
-                if self.config.defrag.background != "off":
-                    self.defrag.background(self.leader.is_leader and not self.informers.stale,
-                                           self._waiting_for_gpus())
-                self.defrag.lead(self.leader.is_leader)  # surges a failover or a restart left unfinished
-                if self.leader.is_leader and self.state.abandon_unstarted():
-                    self.queue.on_event(ClusterEvent.GPU_FREED)  # a failed-over plan's unevicted movers stay
-                if self.config.elastic.enabled:  # lend replicas on free GPUs (leader only), the tier gauges
-                    self.elastic.tick(self.leader.is_leader and not self.informers.stale, self._waiting_for_gpus)
-                self.idle.tick(self.leader.is_leader and not self.informers.stale)  # gauges; reports, sweep
-                self.gang_upkeep.write_status()
-                self.gang_upkeep.release_broken()
-                if self.leader.is_leader:
-                    self._spawn(self._publish_quotas())
-                self.gauges.set(full=tick % 5 == 0)
-            except Exception:
-                log.exception("housekeeping failed")
-            tick += 1
+        self.housekeeping.verify_unconfirmed()
 
     def _waiting_for_gpus(self) -> bool:
-        """A real pod of ours waits for GPUs: pending, not placed yet, asking for GPUs, and not the
-        replacement of a background move (that one waits for the room held for it)."""
-        for uid in self.queue.uids():
-            info = self._pending.get(uid)
-            if info is None or uid in self.state.pods:
-                continue
-            try:
-                plan = self.state.plan(info)
-            except InvalidPod:
-                continue
-            if not plan.request.gpu_shapes():
-                continue
-            held = self.state.reservation_for(plan)
-            if held is not None and held.blocked.startswith(BACKGROUND_PURPOSE):
-                continue
-            return True
-        return False
+        return self.housekeeping.waiting_for_gpus()
 
-    async def _publish_quotas(self) -> None:
-        try:
-            await self.statuses.quotas(self.quotas)
-        except ApiError as exc:
-            log.warning("writing GpuQuota status failed: %s", exc)
-
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
+        """Run an API write on the loop, kept referenced until it ends."""
         task = asyncio.get_running_loop().create_task(coro)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
-
-    def _expire_nominations(self) -> None:
-        stale = self.state.expire_nominations()
-        for nomination in stale:
-            if not self.leader.is_leader:
-                continue  # the leader clears the field; this replica only stops holding
-            namespace, _, name = nomination.key.partition("/")
-            self.preemptor.clear(namespace, name)
-        if stale:
-            self.queue.on_event(ClusterEvent.GPU_FREED)
 
     # ---- health ----------------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:

@@ -12,7 +12,7 @@ from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.fragmentation import WorkloadProfile
 from gpupool_sched.placement.registry import POLICIES, build_policy
 from gpupool_sched.placement.workload import RollingProfile, typical_gpu_memory_mib
-from gpupool_sched.simulate.arrivals import read_event_order, seeded_arrivals
+from gpupool_sched.simulate.arrivals import DEFAULT_RATIO, read_event_order, seeded_arrivals
 from gpupool_sched.simulate.replay import Progress, replay
 from gpupool_sched.simulate.report import BoundReport, SimulationReport, build_report
 from gpupool_sched.simulate.trace import Trace
@@ -33,7 +33,7 @@ class Workload:
 
 
 def prepare_workload(
-    trace: Trace, seed: int, event_order: Path | None = None, ratio: float = 1.3, coverage: float = 0.95
+    trace: Trace, seed: int, event_order: Path | None = None, ratio: float = DEFAULT_RATIO, coverage: float = 0.95
 ) -> Workload:
     if event_order is not None:
         order = read_event_order(event_order, seed)
@@ -92,7 +92,8 @@ def simulate(
 
 def bound_report(trace: Trace, workload: Workload, *, config_rounds: int = 0) -> BoundReport:
     """The lower bound on unallocated GPUs, on the arrivals the reports measure at (bound.py)."""
-    from gpupool_sched.simulate.bound import lower_bound, measured_prefix
+    from gpupool_sched.simulate.bound import lower_bound
+    from gpupool_sched.simulate.bound_instance import measured_prefix
 
     n = measured_prefix(workload.arrivals, trace.total_gpus)
     b = lower_bound(trace.nodes, workload.arrivals[:n], config_rounds=config_rounds)

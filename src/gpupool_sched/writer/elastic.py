@@ -22,7 +22,7 @@ from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
 from gpupool_sched.kube.kubeapi import ApiError, KubeApi, autoscalers_path, deployment_path
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.writer.recorder import EventRecorder
-from gpupool_sched.writer.surge import LOWEST_COST
+from gpupool_sched.writer.surge_record import LOWEST_COST
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,8 @@ from gpupool_sched.placement.background import Gathering
 from gpupool_sched.placement.consolidation import Consolidation, Move
 from gpupool_sched.writer.preemptor import Preemptor, Target
 from gpupool_sched.writer.recorder import EventRecorder
-from gpupool_sched.writer.surge import DEFAULT_SURGE_TIMEOUT_S, MIGRATE, SURGE, Deployment, Surger
+from gpupool_sched.writer.surge import Surger
+from gpupool_sched.writer.surge_record import DEFAULT_SURGE_TIMEOUT_S, MIGRATE, SURGE, Deployment
 
 log = logging.getLogger(__name__)
 REASON = "blocked"  # the migrations metric's reason: for a pod that fit nowhere

@@ -36,104 +36,31 @@ from the API server.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from gpupool_sched.cache.entries import Phase, PodEntry
 from gpupool_sched.cache.state import ClusterState
-from gpupool_sched.kube.kubeapi import (
-    ApiError,
-    KubeApi,
-    autoscalers_path,
-    deployment_path,
-    replica_set_path,
+from gpupool_sched.kube.kubeapi import ApiError, KubeApi, deployment_path
+from gpupool_sched.writer.surge_record import (
+    CONFLICT_RETRIES,
+    DEFAULT_SURGE_TIMEOUT_S,
+    LOWEST_COST,
+    REPLICA_SETS,
+    SCALE_DOWN_WINDOW_S,
+    SURGE_RECORD,
+    SURGING,
+    Deployment,
+    Mover,
+    Outcome,
+    SurgeRecord,
 )
+from gpupool_sched.writer.surge_target import may_surge, surging_deployment
 
 log = logging.getLogger(__name__)
-
-MIGRATE = "gpupool.io/migrate"  # on a Deployment: "surge" moves its pods make-before-break
-SURGE = "surge"
-REVISION = "deployment.kubernetes.io/revision"  # the Deployment controller's, on a Deployment and its ReplicaSets
-LOWEST_COST = -2147483648  # int32's least: removed first among pods equally placed, running and ready
-DEFAULT_SURGE_TIMEOUT_S = 300.0
-CONFLICT_RETRIES = 5  # reads and writes of the count when others write the Deployment too
-SCALE_DOWN_WINDOW_S = 120.0  # after Ready: the scale-down and the ReplicaSet's deletion of the mover
-SURGE_RECORD = "gpupool.io/surge"  # on the mover's ReplicaSet mid-surge: what the next leader finishes or undoes
-SURGING = "gpupool.io/surging"  # its label, so that a new leader finds them with one LIST
-REPLICA_SETS = "/apis/apps/v1/replicasets"
-
-
-@dataclass(frozen=True, slots=True)
-class SurgeRecord:
-    """A surge under way, as the Deployment carries it (`gpupool.io/surge`)."""
-
-    replicas: int  # spec.replicas before the surge: the surge made it replicas + 1
-    mover: str  # UID of the pod that moves
-    pod: str  # its namespace/name
-    owner: str  # its controller ("ReplicaSet/namespace/name"): the new replica has the same
-    blocked: str  # UID of the pod the migration makes room for
-    at: float  # wall-clock seconds: the surge began
-    until: float  # wall-clock seconds: the new replica must be Ready by then, else the surge is rolled back
-
-    def encode(self) -> str:
-        return json.dumps({"replicas": self.replicas, "mover": self.mover, "pod": self.pod, "owner": self.owner,
-                           "blocked": self.blocked, "at": round(self.at, 3), "until": round(self.until, 3)},
-                          separators=(",", ":"))
-
-    @staticmethod
-    def decode(raw: str) -> SurgeRecord:
-        try:
-            d = json.loads(raw)
-            return SurgeRecord(int(d["replicas"]), str(d["mover"]), str(d["pod"]), str(d["owner"]),
-                               str(d["blocked"]), float(d["at"]), float(d["until"]))
-        except (TypeError, KeyError, ValueError, AttributeError) as exc:
-            raise ValueError(f"{SURGE_RECORD} unreadable: {exc}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class Deployment:
-    """The Deployment a mover's ReplicaSet belongs to (as read just now)."""
-
-    namespace: str
-    name: str
-    uid: str
-    replica_set: str
-    key: str  # namespace/name, for messages
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How a surge ended. `result`: the migrations metric's (surged, rolled_back, refused, failed,
-    abandoned), or "gone": the mover was deleted by someone else meanwhile (its room is free; the count
-    went back, the ReplicaSet removing its least ready pod); `why`: for the Events (None when it worked);
-    `new`: the new replica's namespace/name."""
-
-    result: str
-    why: str | None = None
-    new: str | None = None
-    node: str | None = None  # where the new replica runs
-    replicas: int = 0  # the count before the surge
-
-
-@dataclass(frozen=True, slots=True)
-class _Mover:
-    """A pod as the ledger had it when the surge began (its entry changes when it goes)."""
-
-    uid: str
-    key: str
-    owner: str
-    lineage: str  # the first UID of the pods it replaces (ClusterState.replaced)
-    grace_s: int | None
-    node: str = ""
-
-
-class Refused(Exception):
-    """The scheduler does not scale this Deployment now (an HPA, a rollout): the mover is not moved."""
 
 
 class Surger:
@@ -146,89 +73,13 @@ class Surger:
         # the holds of the blocked pod's migration were extended: its record (on the pod) says so too
         self.on_extended: Callable[[str], Awaitable[None]] | None = None
 
-    # ---- is the mover's Deployment one that surges? --------------------------------------------------
-    async def deployment_of(self, entry: PodEntry) -> Deployment | None:
-        """The mover's Deployment when it is annotated `gpupool.io/migrate: surge`, else None (moved by
-        eviction). ApiError when it cannot be told (the caller stops: a surge Deployment must not be
-        evicted by mistake)."""
-        kind, _, rest = entry.owner.partition("/")
-        namespace, _, rs_name = rest.partition("/")
-        if kind != "ReplicaSet" or not rs_name:
-            return None
-        try:
-            rs = await self.api.read_object(replica_set_path(namespace, rs_name))
-        except ApiError as exc:
-            if exc.status == 404:
-                return None  # the ReplicaSet is gone: nothing scales it; evicted as any other pod
-            raise
-        ref = next((r for r in (rs.get("metadata") or {}).get("ownerReferences") or ()
-                    if isinstance(r, Mapping) and r.get("controller") is True and r.get("kind") == "Deployment"),
-                   None)
-        if ref is None or not isinstance(ref.get("name"), str):
-            return None
-        try:
-            deployment = await self.api.read_object(deployment_path(namespace, ref["name"]))
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        meta = deployment.get("metadata") or {}
-        if (meta.get("annotations") or {}).get(MIGRATE) != SURGE:
-            return None
-        return Deployment(namespace, ref["name"], str(meta.get("uid", "")), rs_name, f"{namespace}/{ref['name']}")
-
-    async def _steady(self, target: Deployment) -> tuple[dict[str, Any], int]:
-        """The Deployment now and its spec.replicas, when a surge may start: still annotated, not rolling
-        out (the mover's ReplicaSet is its current one, every replica updated), no HPA scaling it.
-        Refused otherwise; ApiError 404 when it is gone."""
-        deployment = await self.api.read_object(deployment_path(target.namespace, target.name))
-        meta, spec = deployment.get("metadata") or {}, deployment.get("spec") or {}
-        status = deployment.get("status") or {}
-        if (meta.get("annotations") or {}).get(MIGRATE) != SURGE:
-            raise Refused(f"Deployment {target.key} is no longer annotated {MIGRATE}: {SURGE}")
-        replicas = spec.get("replicas", 1)
-        rs = await self.api.read_object(replica_set_path(target.namespace, target.replica_set))
-        rs_revision = ((rs.get("metadata") or {}).get("annotations") or {}).get(REVISION)
-        if (meta.get("generation") != status.get("observedGeneration")
-                or status.get("updatedReplicas", 0) != replicas or status.get("replicas", 0) != replicas
-                or rs_revision != (meta.get("annotations") or {}).get(REVISION)):
-            raise Refused(f"a rollout of Deployment {target.key} is under way (a new replica would go to "
-                          "another ReplicaSet)")
-        hpa = await self._autoscaler(target)
-        if hpa is not None:
-            raise Refused(f"HorizontalPodAutoscaler {target.namespace}/{hpa} scales Deployment {target.key}: "
-                          "the scheduler does not change a count an HPA owns, and the surge annotation rules "
-                          "out an eviction")
-        if not isinstance(replicas, int) or replicas < 1:
-            raise Refused(f"Deployment {target.key} has {replicas} replicas")
-        return deployment, replicas
-
-    async def _autoscaler(self, target: Deployment) -> str | None:
-        """The name of an HPA (autoscaling/v2) whose scaleTargetRef is the Deployment, if any."""
-        try:
-            found = await self.api.read_object(autoscalers_path(target.namespace))
-        except ApiError as exc:
-            if exc.status == 404:
-                return None  # autoscaling/v2 not served: no HPA
-            raise
-        for hpa in found.get("items") or ():
-            ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
-            if ref.get("kind") == "Deployment" and ref.get("name") == target.name:
-                return str((hpa.get("metadata") or {}).get("name", "?"))
-        return None
-
     # ---- the surge -----------------------------------------------------------------------------------
+    async def deployment_of(self, entry: PodEntry) -> Deployment | None:
+        """The mover's Deployment when it surges, else None (`surge_target.surging_deployment`)."""
+        return await surging_deployment(self.api, entry)
+
     async def may_surge(self, target: Deployment) -> Outcome | int:
-        """The Deployment's spec.replicas when a surge may start now, else how it ends before anything is
-        written (refused: an HPA, a rollout; failed: it could not be read)."""
-        try:
-            return (await self._steady(target))[1]
-        except Refused as exc:
-            return Outcome("refused", str(exc))
-        except ApiError as exc:
-            if exc.status == 404:
-                return Outcome("refused", f"Deployment {target.key} is gone")
-            return Outcome("failed", f"reading Deployment {target.key} failed: {exc}")
+        return await may_surge(self.api, target)
 
     async def move(self, blocked: str, mover: PodEntry, target: Deployment, replicas: int,
                    destination: str, live: Callable[[], bool] | None = None) -> Outcome:
@@ -236,7 +87,7 @@ class Surger:
         Deployment at `replicas` (`may_surge`). `live()`: the migration still stands (default: `blocked`
         is still nominated; a background migration, which nominates nobody, says its own)."""
         # what the ledger entry says now: once the mover goes, its entry becomes the blocked pod's hold
-        who = _Mover(mover.uid, mover.key, mover.owner, self.state.replaced.get(mover.uid, mover.uid),
+        who = Mover(mover.uid, mover.key, mover.owner, self.state.replaced.get(mover.uid, mover.uid),
                      mover.pod_grace_s)
         before = {uid for uid, e in self.state.pods.items() if e.owner == who.owner}
         now = time.time()
@@ -322,7 +173,7 @@ class Surger:
                            f"{record.replicas + 1}", replicas=record.replicas)
         mover = self.state.pods.get(record.mover)
         new = self._replica_since(record)
-        seen = _Mover(new.uid, new.key, new.owner, "", None, new.node) if new is not None else None
+        seen = Mover(new.uid, new.key, new.owner, "", None, new.node) if new is not None else None
         if mover is None:  # gone: its room is free; the count goes back (the ReplicaSet removes its least ready)
             outcome = await self._roll_back(target, record.replicas, None, "gone",
                                             f"{record.pod} went away during the surge")
@@ -342,7 +193,7 @@ class Surger:
                  outcome.why or "finished")
         return outcome
 
-    async def _finish(self, target: Deployment, record: SurgeRecord, mover: PodEntry, seen: _Mover | None) -> Outcome:
+    async def _finish(self, target: Deployment, record: SurgeRecord, mover: PodEntry, seen: Mover | None) -> Outcome:
         """The new replica is Ready: the mover goes first, the count goes back."""
         assert seen is not None
         self.state.extend_migration(record.blocked, mover.uid, (mover.pod_grace_s or 30) + SCALE_DOWN_WINDOW_S)
@@ -369,7 +220,7 @@ class Surger:
             return None
         return min(found, key=lambda e: (not e.ready, -e.started))
 
-    async def _surge(self, blocked: str, mover: _Mover, target: Deployment, replicas: int,
+    async def _surge(self, blocked: str, mover: Mover, target: Deployment, replicas: int,
                      before: set[str], live: Callable[[], bool]) -> Outcome:
         await self._extend(blocked, mover.uid, self.timeout_s + SCALE_DOWN_WINDOW_S)
         try:
@@ -383,11 +234,11 @@ class Surger:
             return Outcome("failed", scaled, replicas=replicas)
         log.info("surge: Deployment %s scaled %d -> %d to move %s", target.key, replicas, replicas + 1, mover.key)
         deadline = self.state.clock() + self.timeout_s
-        seen: _Mover | None = None  # the new replica, as last seen in the ledger
+        seen: Mover | None = None  # the new replica, as last seen in the ledger
         while True:
             new = self._new_replica(mover, before)
             if new is not None:
-                seen = _Mover(new.uid, new.key, new.owner, "", None, new.node)
+                seen = Mover(new.uid, new.key, new.owner, "", None, new.node)
                 if new.ready:
                     break
             if mover.uid not in self.state.pods:  # deleted by someone else: its room is free already
@@ -428,7 +279,7 @@ class Surger:
         if self.on_extended is not None:
             await self.on_extended(blocked)
 
-    def _new_replica(self, mover: _Mover, before: set[str]) -> PodEntry | None:
+    def _new_replica(self, mover: Mover, before: set[str]) -> PodEntry | None:
         """The ReplicaSet's pod created by the surge: placed since it began, with the mover's controller;
         the one that claimed the mover's reservation first."""
         found = [e for uid, e in self.state.pods.items()
@@ -438,7 +289,7 @@ class Surger:
             return None
         return min(found, key=lambda e: (self.state.replaced.get(e.uid) != mover.lineage, not e.ready, e.since))
 
-    async def _roll_back(self, target: Deployment, replicas: int, new: _Mover | None, result: str,
+    async def _roll_back(self, target: Deployment, replicas: int, new: Mover | None, result: str,
                          why: str) -> Outcome:
         """Undo the +1: the new replica (when it is known) goes first, the count goes back if it is still
         ours. Without a known new replica the ReplicaSet removes an unplaced or unready pod first anyway."""
