@@ -77,6 +77,8 @@ def test_the_arrivals_replay_is_unchanged_by_default(files: tuple[Path, Path, Pa
     (["--mode", "time", "--policy", "fgd,gpupool"], "--mode time runs one policy"),
     (["--mode", "time", "--bound"], "--bound is for the arrivals replay; --mode time does not take it"),
     (["--mode", "time", "--sample-percentage", "50"], "--sample-percentage is for the arrivals replay"),
+    (["--mode", "time", "--ratio", "1.5"], "--ratio is for the arrivals replay; --mode time does not take it"),
+    (["--ratio", "0"], "--ratio must be in (0, 10], got 0"),
     (["--load", "0.8"], "--load is for --mode time"),
     (["--days", "1"], "--days is for --mode time"),
     (["--mode", "time", "--from-cluster"], "--from-cluster decides the live cluster's pending pods once; it has no"),

@@ -221,3 +221,67 @@ def test_the_rayjob_grid_and_entrypoint_are_a_valid_sweep(tmp_path: Path) -> Non
     mounts = docs["RayJob"]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0][
         "volumeMounts"]
     assert {m["mountPath"] for m in mounts} >= {str(args.grid.parent), str(args.out)}
+
+
+# ---- the time mode in a sweep ----------------------------------------------------------------------------
+TIME_NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},32000,131072,4,T4\n" for i in range(4))
+TIME_PODS = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
+             "scheduled_time\n" + "".join(f"p{i},2000,4096,{1 + i % 2},1000,,{('LS', 'BE')[i % 2]},Running,"
+                                          f"{100 * i},{100 * i + 3600 + 60 * i},{100 * i + 5}\n" for i in range(12)))
+
+
+def time_grid(tmp_path: Path, **parameters: Any) -> Path:
+    (tmp_path / "nodes.csv").write_text(TIME_NODES)
+    (tmp_path / "timed.csv").write_text(TIME_PODS)
+    grid = {"traces": [{"nodes": "nodes.csv", "pods": "timed.csv"}], "seeds": [3], "policies": ["gpupool"],
+            "parameters": {"mode": "time", "days": 0.5, "horizon_days": 1, **parameters}}
+    return write_grid(tmp_path, grid)
+
+
+def test_a_time_run_is_what_simulate_mode_time_reports(tmp_path: Path) -> None:
+    runs = load_grid(time_grid(tmp_path, load=[0.7, 1.3], samples=20), None, "0.1.0").runs
+    assert [(r.parameters.mode, r.parameters.load) for r in runs] == [("time", 0.7), ("time", 1.3)]
+    results = [json.loads(run_one(r).result_json)["result"] for r in runs]
+    assert main(["simulate", "--mode", "time", "--nodes", str(tmp_path / "nodes.csv"), "--pods",
+                 str(tmp_path / "timed.csv"), "--load", "0.7,1.3", "--days", "0.5", "--horizon", "1", "--seed", "3",
+                 "--json", str(tmp_path / "direct.json")]) == 0
+    direct = json.loads((tmp_path / "direct.json").read_text())
+    for result, expected in zip(results, direct, strict=True):
+        for wall in ("seconds", "placement_seconds", "series"):
+            expected.pop(wall)
+        series = result.pop("series")
+        assert result == expected
+        assert len(series) == 20  # samples: the series over time, for plots
+    assert results[0]["allocated_pct"] < results[1]["allocated_pct"]
+
+
+def test_a_time_sweep_prints_its_table_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = time_grid(tmp_path, load=[0.7, 1.3])
+    assert sweep_cli(tmp_path, grid, "--workers", "1") == 0
+    out = capsys.readouterr().out
+    assert "sweep, time mode" in out and "load=0.7" in out and "load=1.3" in out
+    assert "unallocated % mean" not in out  # no arrivals run: no arrivals table
+    counting = Counting()
+    run_sweep(load_grid(grid, None, "0.1.0").runs, tmp_path / "out", counting)
+    assert counting.ran == []  # every result is on disk already
+
+
+def test_each_mode_takes_its_own_knobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # both modes in one grid: each point keeps the knobs of its mode, and no point is there twice
+    mixed = dict(SMALL, parameters={"mode": ["arrivals", "time"], "ratio": [0.05, 0.1], "load": [0.8, 1.2]},
+                 bound=True)
+    runs = load_grid(write_grid(tmp_path, mixed), None, "0.1.0").runs
+    points = {(r.seed, r.policy, repr(r.parameters.model_dump(exclude_defaults=True))) for r in runs}
+    assert len(points) == len(runs)
+    arrivals = [r for r in runs if r.parameters.mode == "arrivals"]
+    timed = [r for r in runs if r.parameters.mode == "time"]
+    assert {r.parameters.ratio for r in arrivals} == {0.05, 0.1} and {r.parameters.load for r in arrivals} == {1.0}
+    assert {r.parameters.load for r in timed} == {0.8, 1.2} and {r.parameters.ratio for r in timed} == {1.3}
+    assert len(timed) == 2 * 2 * 2  # seeds x loads x policies, and no bound: the time mode has none
+    assert sum(r.policy == BOUND for r in arrivals) == 2 * 2  # seeds x ratios
+    # one mode only: a knob of the other mode is refused, not ignored
+    for parameters, message in (({"load": 0.8}, "load: not a parameter of mode arrivals"),
+                                ({"mode": "time", "ratio": 0.5}, "ratio: not a parameter of mode time")):
+        path = write_grid(tmp_path, dict(SMALL, parameters=parameters))
+        assert sweep_cli(tmp_path, path) == 2
+        assert message in capsys.readouterr().err

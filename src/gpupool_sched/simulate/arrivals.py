@@ -20,9 +20,11 @@ from gpupool_sched.simulate.trace import TUNED, TraceError, read_text
 # More arrivals than this is a mistake (tiny GPU shares on a huge cluster, a huge --ratio), not a study:
 # the openb traces need 10-25 thousand; the limit is checked before the list is built.
 MAX_ARRIVALS = 2_000_000
+DEFAULT_RATIO = 1.3  # arrivals up to this multiple of GPU capacity (the FGD paper's replays)
 
 
-def seeded_arrivals(pods: Sequence[PodRequest], capacity_milli: int, seed: int, ratio: float = 1.3) -> list[PodRequest]:
+def seeded_arrivals(pods: Sequence[PodRequest], capacity_milli: int, seed: int,
+                    ratio: float = DEFAULT_RATIO) -> list[PodRequest]:
     """Shuffled pods, tuned to ``ratio`` x ``capacity_milli`` of total GPU request.
 
     Raises TraceError, before any sampling, when no pod asks for a GPU (the copies would never reach the

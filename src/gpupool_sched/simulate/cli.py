@@ -13,6 +13,7 @@ from pathlib import Path
 from gpupool_sched.errors import UserError
 from gpupool_sched.placement.registry import POLICIES
 from gpupool_sched.simulate import timecli, whatif
+from gpupool_sched.simulate.arrivals import DEFAULT_RATIO
 from gpupool_sched.simulate.outputs import write_outputs
 from gpupool_sched.simulate.run import PROFILE_SOURCES, prepare_workload, simulate
 from gpupool_sched.simulate.trace import KNOWN_GPU_MODELS, TraceError, read_trace
@@ -75,8 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(an LP relaxation solved with HiGHS; docs/simulator.md, 'A lower bound'); with --policy none, "
         "only the bound",
     )
-    p.add_argument("--ratio", type=float, default=1.3,
-                   help="arrivals up to this multiple of GPU capacity, in (0, 10]")
+    p.add_argument("--ratio", type=float, default=None,
+                   help=f"arrivals up to this multiple of GPU capacity, in (0, 10] (default {DEFAULT_RATIO:g})")
     p.add_argument(
         "--sample-percentage",
         type=int,
@@ -213,13 +214,14 @@ def run(args: argparse.Namespace) -> int:
     names = check_arguments(args)
     if (args.nodes is None) != (args.pods is None):
         raise UserError("give both --nodes and --pods, or neither (the bundled openb default trace)")
-    if not 0 < args.ratio <= 10:
-        raise UserError(f"--ratio must be in (0, 10], got {args.ratio}")
+    ratio = DEFAULT_RATIO if args.ratio is None else args.ratio
+    if not 0 < ratio <= 10:
+        raise UserError(f"--ratio must be in (0, 10], got {ratio}")
     if args.sample_percentage is not None and not 0 <= args.sample_percentage <= 100:
         raise UserError(f"--sample-percentage must be in 0..100, got {args.sample_percentage}")
     try:
         trace = read_trace(args.nodes, args.pods, extra_models=args.gpu_model)
-        workload = prepare_workload(trace, args.seed, args.event_order, args.ratio)
+        workload = prepare_workload(trace, args.seed, args.event_order, ratio)
     except TraceError as exc:
         raise UserError(str(exc)) from None
     for warning in trace.warnings:

@@ -54,14 +54,16 @@ def run_one(config: RunConfig) -> RunOutput:
     import time
 
     start = time.perf_counter()
-    trace = _trace(config.trace)
-    workload = _workload(config.trace, config.seed, config.parameters.ratio)
     result: dict[str, Any]
-    if config.policy == BOUND:
-        result = bound_report(trace, workload).model_dump()
+    if config.parameters.mode == "time":
+        result = _time_result(config)
+    elif config.policy == BOUND:
+        workload = _workload(config.trace, config.seed, config.parameters.ratio)
+        result = bound_report(_trace(config.trace), workload).model_dump()
         result.pop("seconds")
     else:
         p = config.parameters
+        trace, workload = _trace(config.trace), _workload(config.trace, config.seed, p.ratio)
         report = simulate(trace, workload, [config.policy], sample_percentage=p.sample_percentage,
                           sample_rotate=p.sample_scan == "rotating", profile_source=p.profile_source)[0]
         result = report.model_dump()
@@ -74,6 +76,21 @@ def run_one(config: RunConfig) -> RunOutput:
     }
     text = json.dumps(payload, indent=1, sort_keys=True) + "\n"
     return RunOutput(config.key, text, round(time.perf_counter() - start, 3))
+
+
+def _time_result(config: RunConfig) -> dict[str, Any]:
+    """One run of the simulator in time (timerun.py, as `--mode time` runs one load), wall times left out."""
+    from gpupool_sched.simulate.timerun import DAY_S, TimeSettings, run_load, trace_pods, workload_profile
+
+    p = config.parameters
+    trace = _trace(config.trace)
+    settings = TimeSettings((p.load,), p.days * DAY_S, p.horizon_days * DAY_S, p.patience_s, config.seed,
+                            config.policy, p.samples)
+    pods = trace_pods(trace, config.trace.paths()[1], settings)
+    result = run_load(trace, pods, workload_profile(trace), settings, p.load).json()
+    for wall in ("seconds", "placement_seconds"):
+        result.pop(wall)
+    return result
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -141,7 +158,7 @@ class LocalProcesses:
 
 def _by_trace_and_seed(configs: Iterable[RunConfig]) -> list[RunConfig]:
     """Runs of the same trace and seed next to each other, so a worker's cached arrivals get reused."""
-    return sorted(configs, key=lambda c: (c.trace.label, c.seed, c.parameters.ratio))
+    return sorted(configs, key=lambda c: (c.trace.label, c.seed, c.parameters.mode, c.parameters.ratio))
 
 
 @dataclass(slots=True)

@@ -69,18 +69,50 @@ def _unallocated(result: dict[str, Any]) -> float:
 def summary_rows(combined: dict[str, Any]) -> list[tuple[str, str, str, int, float, float, float, str]]:
     """(trace, parameters, policy, seeds, mean / min / max unallocated % at 100% arrived, mean failed
     pods) per trace, parameters and policy, in grid order."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
-    for item in combined["runs"]:
-        c = item["config"]
-        params = " ".join(f"{k}={v}" for k, v in sorted(c["parameters"].items())) or "-"
-        groups[(c["trace"], params, c["policy"])].append(item["result"])
     rows = []
-    for (trace, params, policy), results in groups.items():
+    for (trace, params, policy), results in _groups(combined, time_mode=False).items():
         values = [_unallocated(r) for r in results]
         failed = [r["final"]["failed_pods"] for r in results if "final" in r]
         rows.append((trace, params, policy, len(results), round(statistics.fmean(values), 2), min(values),
                      max(values), f"{statistics.fmean(failed):.1f}" if failed else ""))
     return rows
+
+
+def _groups(combined: dict[str, Any], *, time_mode: bool) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+    """The results of one mode by (trace, parameters, policy), in grid order."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for item in combined["runs"]:
+        if (item["result"].get("mode") == "time") != time_mode:
+            continue
+        c = item["config"]
+        params = " ".join(f"{k}={v}" for k, v in sorted(c["parameters"].items()) if k != "mode") or "-"
+        groups[(c["trace"], params, c["policy"])].append(item["result"])
+    return groups
+
+
+TIME_MEASURES = ("allocated_pct", "idle_gpu_hours_while_waiting", "gave_up", "preemptions", "migrations")
+
+
+def time_summary_rows(combined: dict[str, Any]) -> list[tuple[str, str, str, int, list[float]]]:
+    """(trace, parameters, policy, seeds, the mean of each of TIME_MEASURES) of the time-mode runs."""
+    return [(trace, params, policy, len(results),
+             [round(statistics.fmean(float(r[m]) for r in results), 2) for m in TIME_MEASURES])
+            for (trace, params, policy), results in _groups(combined, time_mode=True).items()]
+
+
+def render_time_summary(combined: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="sweep, time mode: means over the seeds",
+                  caption="allocated %: time-averaged share of GPU capacity allocated; idle GPU-h waiting: free GPU "
+                  "capacity integrated over the time some pod waited (docs/simulator.md, 'Time mode')",
+                  caption_justify="left")
+    for col in ("trace", "parameters", "policy", "seeds", "allocated %", "idle GPU-h waiting", "gave up",
+                "preemptions", "migrations"):
+        table.add_column(col, justify="left" if col in ("trace", "parameters", "policy") else "right")
+    for trace, params, policy, n, means in time_summary_rows(combined):
+        table.add_row(trace, params, policy, str(n), *(f"{v:g}" for v in means))
+    return table
 
 
 def render_summary(combined: dict[str, Any]) -> Any:
@@ -144,7 +176,11 @@ def run(args: argparse.Namespace) -> int:
     combined["grid"] = str(args.grid)
     from rich.console import Console
 
-    Console(width=None if sys.stdout.isatty() else 120).print(render_summary(combined))
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    if any(item["result"].get("mode") != "time" for item in combined["runs"]):
+        console.print(render_summary(combined))
+    if any(item["result"].get("mode") == "time" for item in combined["runs"]):
+        console.print(render_time_summary(combined))
     summary = args.out / "sweep.json"
     write_atomically(summary, json.dumps(combined, indent=1) + "\n")
     print(f"sweep: {outcome.total} runs, {outcome.skipped} finished before (skipped), {outcome.ran} run now; "

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpupool_sched.errors import UserError
 from gpupool_sched.placement.registry import POLICIES
+from gpupool_sched.simulate.arrivals import DEFAULT_RATIO
+from gpupool_sched.simulate.lifetimes import DEFAULT_PATIENCE_S
 from gpupool_sched.simulate.run import ProfileSource
 from gpupool_sched.simulate.trace import BUNDLED_NODES, BUNDLED_PODS, bundled_path
 
@@ -32,16 +34,37 @@ _FAMILY = re.compile(r"[A-Za-z0-9_]+")
 MAX_SEED = 2**63 - 1
 
 
+ARRIVALS_KNOBS = frozenset({"ratio", "sample_percentage", "sample_scan", "profile_source"})
+TIME_KNOBS = frozenset({"load", "days", "horizon_days", "patience_s", "samples"})
+
+
 class RunParameters(BaseModel):
     """Every knob of one replay besides trace, seed and policy. A new knob (a replay ``mode``, a ``load``)
     is a new field here with its default: it becomes a grid key and leaves old run keys unchanged."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    ratio: float = Field(default=1.3, gt=0, le=10, description="arrivals up to this multiple of GPU capacity")
+    mode: Literal["arrivals", "time"] = "arrivals"  # the FGD replay, or the simulator in time (--mode time)
+    # the arrivals replay's knobs
+    ratio: float = Field(default=DEFAULT_RATIO, gt=0, le=10, description="arrivals up to this multiple of GPU capacity")
     sample_percentage: int | None = Field(default=None, ge=0, le=100)
     sample_scan: Literal["fixed", "rotating"] = "fixed"
     profile_source: ProfileSource = "trace"
+    # the time mode's (--load, --days, --horizon, --patience; samples: points of the series over time)
+    load: float = Field(default=1.0, gt=0, le=10, description="offered GPU load, a share of capacity")
+    days: float = Field(default=1.0, gt=0, le=365, description="simulated days measured")
+    horizon_days: float = Field(default=7.0, gt=0, le=365, description="lifetimes capped at this many days")
+    patience_s: float = Field(default=DEFAULT_PATIENCE_S, ge=0, le=10**8)
+    samples: int = Field(default=0, ge=0, le=10_000, description="points of allocation and queue over time")
+
+    @model_validator(mode="after")
+    def _knobs_of_its_mode(self) -> RunParameters:
+        """A knob of the other mode is refused, not ignored (as on the command line)."""
+        other = ARRIVALS_KNOBS if self.mode == "time" else TIME_KNOBS
+        given = sorted(other & self.model_fields_set)
+        if given:
+            raise ValueError(f"{', '.join(given)}: not a parameter of mode {self.mode}")
+        return self
 
 
 class TraceFiles(BaseModel):
@@ -175,12 +198,22 @@ def _parameter_points(grid: GridFile, source: Path) -> list[RunParameters]:
         if not values:
             raise UserError(f"--grid {source}: parameters.{name}: empty list")
         axes.append((name, values))
-    points = []
+    # both modes in one grid: each point takes the knobs of its own mode only
+    both_modes = len(set(dict(axes).get("mode", ()))) > 1
+    points: list[RunParameters] = []
     for combo in itertools.product(*(values for _, values in axes)):
+        point = dict(zip((n for n, _ in axes), combo, strict=True))
+        if both_modes:
+            other = ARRIVALS_KNOBS if point["mode"] == "time" else TIME_KNOBS
+            point = {k: v for k, v in point.items() if k not in other}
         try:
-            points.append(RunParameters(**dict(zip((n for n, _ in axes), combo, strict=True))))
+            params = RunParameters(**point)
         except ValidationError as exc:
-            raise UserError(f"--grid {source}: parameters.{_first_error(exc)}") from None
+            err = exc.errors()[0]
+            where = "".join(f".{p}" for p in err["loc"])
+            raise UserError(f"--grid {source}: parameters{where}: {err['msg']}") from None
+        if params not in points:
+            points.append(params)
     return points
 
 
@@ -250,8 +283,8 @@ def load_grid(path: Path, traces_dir: Path | None, version: str) -> Grid:
     runs: list[RunConfig] = []
     seen: set[str] = set()
     for trace, seed, params in itertools.product(traces, grid.seeds, points):
-        # the bound depends on the arrivals alone (trace, seed, ratio): one per such triple
-        names: Sequence[str] = [*policies, BOUND] if grid.bound else policies
+        # the bound depends on the arrivals alone (trace, seed, ratio): one per such triple; the time mode has none
+        names: Sequence[str] = [*policies, BOUND] if grid.bound and params.mode == "arrivals" else policies
         for name in names:
             p = RunParameters(ratio=params.ratio) if name == BOUND else params
             config = RunConfig(trace=trace, seed=seed, policy=name, parameters=p,

@@ -67,6 +67,7 @@ def check_time_arguments(args: argparse.Namespace) -> tuple[str, tuple[float, ..
     arrivals replay's own flags are refused, not ignored."""
     for flag, given in (("--event-order", args.event_order is not None), ("--bound", args.bound),
                         ("--sample-percentage", args.sample_percentage is not None),
+                        ("--ratio", args.ratio is not None),
                         ("--profile rolling", args.profile != "trace")):
         if given:
             raise UserError(f"{flag} is for the arrivals replay; --mode time does not take it")
