@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "only the bound",
     )
     p.add_argument("--ratio", type=float, default=None,
-                   help=f"arrivals up to this multiple of GPU capacity, in (0, 10] (default {DEFAULT_RATIO:g})")
+                   help=f"arrivals up to this multiple of GPU capacity, in (0, 10] (default: {DEFAULT_RATIO:g})")
     p.add_argument(
         "--sample-percentage",
         type=int,
