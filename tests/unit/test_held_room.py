@@ -7,7 +7,8 @@ import numpy as np
 
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
-from gpupool_sched.placement.preemption import Preemption, held_room
+from gpupool_sched.placement.held_room import held_room
+from gpupool_sched.placement.preemption import Preemption
 from tests.support.clusters import Cluster, gpu_node, gpus, mig_node
 
 

@@ -4,10 +4,11 @@ cycle and preemption read."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpupool_sched.cache.entries import Nomination, Phase, PodEntry, Shape, Tombstone, fits_layout, without_gpus
@@ -51,7 +52,10 @@ class Ledger:
         self._facts: ClusterFacts | None = None
         self.on_gate_release: Callable[[str], None] = lambda node: None
         self.on_claimed: Callable[[Reservation], None] = lambda reservation: None  # a replacement placed
-        self._applied_priorities: Counter[int] = Counter()  # priority -> accounted entries
+        # priority -> {id(entry): entry} of every accounted entry (`_apply`/`_unapply` keep it): preemption's
+        # candidates below a priority without a pass over the whole ledger (keyed by id: a hold keeps its
+        # entry but takes a new UID)
+        self._accounted: dict[int, dict[int, PodEntry]] = {}
         self._gate_load: dict[Shape, dict[str, int]] = defaultdict(dict)  # shape -> node -> pods in its gate
         self.gate_timeouts = 0
         self.unknown_devices = 0  # bound pods whose GPUs could not be told (accounted by a guess)
@@ -100,9 +104,16 @@ class Ledger:
         for watcher in self.watchers:
             watcher(entry)
 
-    def running(self) -> Iterator[PodEntry]:
-        """Entries preemption may choose victims from: bound or confirmed, accounted, not being evicted."""
-        for entry in self.pods.values():
+    def running(self, below: int | None = None) -> Iterator[PodEntry]:
+        """Entries preemption may choose victims from: bound or confirmed, accounted, not being evicted;
+        with `below`, only those of lower priority (from the accounted entries by priority, not in ledger
+        order)."""
+        if below is None:
+            entries: Iterable[PodEntry] = self.pods.values()
+        else:
+            entries = itertools.chain.from_iterable(
+                bucket.values() for p, bucket in self._accounted.items() if p < below)
+        for entry in entries:
             if entry.phase in (Phase.BOUND, Phase.CONFIRMED) and entry.applied and entry.evicting_for is None:
                 yield entry
 
@@ -145,17 +156,23 @@ class Ledger:
             self._tell(entry)
         self.snapshot.assume(entry.request, entry.placement)
         entry.applied = True
-        self._applied_priorities[entry.request.priority] += 1
+        self._accounted.setdefault(entry.request.priority, {})[id(entry)] = entry
 
     def has_lower_priority(self, priority: int) -> bool:
         """Whether any accounted pod has a priority below `priority` (cheap: no victim search without)."""
-        return any(p < priority and n > 0 for p, n in self._applied_priorities.items())
+        return any(p < priority and bucket for p, bucket in self._accounted.items())
 
     def _unapply(self, entry: PodEntry) -> None:
+        if entry.applied and entry.node in self.nodes:
+            self.snapshot.release(entry.request, entry.placement)
+        self._unaccount(entry)
+
+    def _unaccount(self, entry: PodEntry) -> None:
+        """`entry` is no longer accounted (its node's row was reset, or `_unapply` released it)."""
         if entry.applied:
-            self._applied_priorities[entry.request.priority] -= 1
-            if entry.node in self.nodes:
-                self.snapshot.release(entry.request, entry.placement)
+            bucket = self._accounted.get(entry.request.priority)
+            if bucket is not None:  # kept when empty: the candidates keep their order (preemption's memo)
+                bucket.pop(id(entry), None)
         entry.applied = False
 
     # ---- views -----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ class Nominator(Gates):
     def nominate(self, uid: str, key: str, node: str, priority: int, victims: Iterable[str],
                  timeout_s: float, room: Sequence[tuple[PodRequest, Placement]] = ()) -> Nomination:
         """Mark `victims` as evicted for `uid` (never chosen again) and record where it waits. `room`:
-        what its plan takes on `node` beyond what the victims free (`placement.preemption.held_room`),
+        what its plan takes on `node` beyond what the victims free (`placement.held_room.held_room`),
         held for it from now on, like what its victims free once they go."""
         self.end_nomination(uid)
         self.preemptions[uid] = self.preemptions.get(uid, 0) + 1

@@ -111,7 +111,7 @@ class ClusterState(Reservations):
             self.nodes[view.name] = view
             return None
         for uid in self.by_node.get(view.name, ()):
-            self.pods[uid].applied = False  # the node's row is reset below
+            self._unaccount(self.pods[uid])  # the node's row is reset below
         self.snapshot.upsert_node(view.spec)
         self.nodes[view.name] = view
         self._facts = None

@@ -36,6 +36,7 @@ from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
 from gpupool_sched.placement.preemption import Preemption
+from gpupool_sched.placement.preemption_memo import PreemptionMemo
 from gpupool_sched.placement.sampling import NodeSampler
 
 
@@ -100,6 +101,7 @@ class Cycle:
         # None: score every feasible node (what the simulator does); else kube-scheduler's sampling
         self.sampler = None if percentage_of_nodes_to_score is None else NodeSampler(0, percentage_of_nodes_to_score)
         self.rng = np.random.default_rng(seed)
+        self.preemption_memo = PreemptionMemo()  # what earlier plans found per node (inline plans only)
 
     def hold_s(self, victims: Iterable[str]) -> float:
         """How long a nomination for `victims` holds their room: their longest eviction grace + the slack."""
@@ -109,7 +111,7 @@ class Cycle:
                 reclaim: Candidates | None = None, offload: bool = False, movable: Movers | None = None) -> Session:
         return Session(self.state, plans, need, gang, self.policy(), self.rng, self.sampler, running, reclaim,
                        self.hold_s, self.max_preemptions, offload, self.candidates, movable, self.max_movers,
-                       self.state.migrating_nodes)
+                       self.state.migrating_nodes, memo=self.preemption_memo)
 
     @staticmethod
     def run(session: Session) -> Steps[Outcome]:

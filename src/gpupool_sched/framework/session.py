@@ -26,6 +26,7 @@ from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.gang import GangUnschedulable
 from gpupool_sched.placement.gang_preemption import GangPreemption
 from gpupool_sched.placement.preemption import Preemption, RunningPod
+from gpupool_sched.placement.preemption_memo import PreemptionMemo
 from gpupool_sched.placement.sampling import NodeSampler
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ class Session:
     moves_later: bool = False  # `movable` is for a look only: the job has not waited --defrag-after yet
     borrowed: Candidates | None = None  # borrowed replicas the job may take back (give-back); None: none
     idle: IdleCandidates | None = None  # idle pods the job may take (reclaim-idle); None: none
+    memo: PreemptionMemo | None = None  # what earlier preemption plans found per node (the cycle's)
 
     @property
     def priority(self) -> int:

@@ -25,7 +25,8 @@ from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.kube.podspec import PodPlan
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import PodRequest
-from gpupool_sched.placement.preemption import Preemption, held_room
+from gpupool_sched.placement.held_room import held_room
+from gpupool_sched.placement.preemption import Preemption
 
 
 def free_room(state: ClusterState, plan: PodPlan, preemption: Preemption,

@@ -2,16 +2,16 @@
 
 Placement policies score every node for every pod, so the allocation state lives in numpy arrays
 (one row per node, one column per GPU slot) rather than in per-node objects; ``assume``/``release``
-keep the arrays and a per-node version counter (for score caches) up to date, and
-``upsert_node``/``remove_node`` let a long-running scheduler follow nodes as they come and go.
+keep the arrays and a per-node version (for memos) up to date, and ``upsert_node``/``remove_node``
+let a long-running scheduler follow nodes as they come and go.
 
-The node specs are in model/node.py (imported from here too), the column storage under the snapshot
-in model/snapshot_rows.py.
+The node specs are in model/node.py (imported from here too), the column storage in model/snapshot_rows.py.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,13 +29,15 @@ if TYPE_CHECKING:
     from gpupool_sched.model.decision import Placement
 
 
+_VERSIONS = itertools.count(1)  # row versions: one counter for every snapshot of the process
+
+
 class UnknownNode(LookupError):
     """A node name the snapshot does not hold (never added, or removed)."""
 
 
 def _counter_copy(counts: Counter[str]) -> Counter[str]:
-    """A copy of `counts`, three times faster than Counter(counts) (whose update checks the argument's
-    type per call): a snapshot copies a node's Counter before it first changes it (`_own_row`)."""
+    """A copy of `counts`, 3x faster than Counter(counts): a snapshot copies a node's Counter (`_own_row`)."""
     out: Counter[str] = Counter()
     dict.update(out, counts)
     return out
@@ -54,9 +56,9 @@ class ClusterSnapshot(SnapshotRows):
     Rows are dense: node ``i`` is ``nodes[i]`` and row ``i`` of every array; removing a node moves
     the last row into its place. Arrays are views of buffers that grow by doubling, so re-read them
     from the snapshot after a node change instead of keeping references. ``version[i]`` changes
-    whenever row ``i`` changes (allocation or node), and a new or moved row never gets back a version
-    its row had before, so memos keyed by (row, version) stay sound; a node change also clears
-    ``caches`` (everything compiled against the node set) and bumps ``generation``.
+    whenever row ``i`` changes (allocation or node), to a number no row of any snapshot had before (copies
+    keep the versions they copied): one version, one row content, so memos keyed by (row, version) stay
+    sound, across copies too; a node change also clears ``caches`` and bumps ``generation``.
     """
 
     # ---- construction ------------------------------------------------------------------------
@@ -85,7 +87,6 @@ class ClusterSnapshot(SnapshotRows):
         self.caches: dict[object, object] = {}  # derived data keyed by its owner; cleared on node changes
         self.signature_caches: dict[object, object] = {}  # derived data indexed by signature id; kept
         self.generation = 0  # bumped on every node change
-        self._version_high = 0
         self._tuples: tuple[tuple[NodeSpec, ...], tuple[str, ...]] | None = None
         self._nodes, self._names = list(nodes), names
         self.index = {name: i for i, name in enumerate(names)}
@@ -94,6 +95,7 @@ class ClusterSnapshot(SnapshotRows):
         self._rows = len(nodes)
         self._write_rows(0, nodes)
         self._expose()
+        self.version[:] = [next(_VERSIONS) for _ in nodes]
         self.set_tie_order(tie_order)
 
     @staticmethod
@@ -183,7 +185,7 @@ class ClusterSnapshot(SnapshotRows):
         """Add a node, or replace the spec of the node of that name and reset ITS allocation to empty
         (the caller re-assumes the pods it knows there). Other nodes' rows are not touched."""
         self._check_spec(spec)
-        version = self._fresh_version()
+        version = next(_VERSIONS)
         row = self.index.get(spec.name)
         if row is None:
             row = self._append_row(spec)
@@ -207,7 +209,7 @@ class ClusterSnapshot(SnapshotRows):
     def remove_node(self, name: str) -> None:
         """Drop node ``name`` and its allocation; the last row moves into its place."""
         row = self.row_of(name)
-        version = self._fresh_version()
+        version = next(_VERSIONS)
         self._remove_tie(row)
         self._forget_signature(row)
         last = self._rows - 1
@@ -233,12 +235,6 @@ class ClusterSnapshot(SnapshotRows):
         self._rows -= 1
         self._expose()
         self._node_set_changed()
-
-    def _fresh_version(self) -> int:
-        """A version above every version any row has had: a reused row never looks unchanged."""
-        live = int(self.version.max()) if self._rows else 0
-        self._version_high = max(self._version_high, live) + 1
-        return self._version_high
 
     def _node_set_changed(self) -> None:
         self.caches.clear()
@@ -348,7 +344,7 @@ class ClusterSnapshot(SnapshotRows):
             self.gpu_tags[i][tag] += sign
             if self.gpu_tags[i][tag] <= 0:
                 del self.gpu_tags[i][tag]
-        self.version[i] += 1
+        self.version[i] = next(_VERSIONS)
 
     def _own_row(self, i: int) -> None:
         """Make row ``i``'s MIG set and tag Counter this snapshot's own (copy-on-write after copy())."""

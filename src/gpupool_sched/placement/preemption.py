@@ -36,10 +36,10 @@ pod slots, whole GPUs, node constraints) skips nodes where even removing every l
 be enough. The nodes past the bound are tried in chunks, as kube-scheduler samples its candidates
 (``CandidateBudget``, placement/candidates.py): from an offset, only until enough viable nodes are found
 (10 % of them, at least 100), and the reprieve runs on those only; with no more viable nodes than that,
-the answer is exactly the full search's. Nearly all the time goes to the snapshot's assume/release,
-so the cost grows with the candidates tried rather than the cluster: at 1,000 nodes x 8 pods where
-every node could serve, the full search took 0.15-0.4 s on 2 cores (24,000 assume/release calls); the
-sampled one tries 100 nodes and takes about a fifth of the full search's time (docs/preemption.md).
+the answer is exactly the full search's. Nearly all the time goes to the snapshot's assume/release, so
+the cost grows with the candidates tried rather than the cluster (docs/preemption.md). With a
+``PreemptionMemo`` (placement/preemption_memo.py), nodes unchanged since an earlier plan for the same
+request shape are not worked on again: their bound, fit and victims are the memo's.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ from gpupool_sched.placement.nodeaffinity import (
     taint_mask,
     tolerates_cordon,
 )
+from gpupool_sched.placement.preemption_memo import PreemptionMemo, remember, shape_key, still_valid
 
 PRIORITY_SHIFT = 1 << 31  # kube-scheduler adds MaxInt32+1 to each victim's priority before summing
 _NO_VICTIM = -(1 << 62)  # "highest victim priority" of a plan without victims: below every int32
@@ -226,7 +227,7 @@ def _importance(pod: RunningPod, cost: GpuCost) -> tuple[int, int, int, float, s
     return (-pod.priority, -cost.milli, -cost.whole, pod.start_time, pod.uid)
 
 
-def _bound(work: ClusterSnapshot, request: PodRequest, by_row: dict[int, list[RunningPod]]) -> list[int]:
+def _bound(work: ClusterSnapshot, request: PodRequest, by_row: Mapping[int, list[RunningPod]]) -> list[int]:
     """Rows where the pod might fit once every lower-priority pod there is gone: a necessary condition
     of the default filter chain (node constraints, pod slots, CPU, memory, whole GPUs), cheap enough to
     spare releasing pods on nodes that cannot serve."""
@@ -279,6 +280,7 @@ def plan_preemption(
     rng: np.random.Generator | None = None,
     spent: Mapping[str, int] | None = None,
     budget: CandidateBudget | None = None,
+    memo: PreemptionMemo | None = None,
 ) -> Preemption | None:
     """Where ``request`` (of ``priority``, usually ``request.priority``) can run by evicting pods of
     strictly lower priority from ``running`` (the pods accounted on ``snapshot``), or None when no node
@@ -294,13 +296,11 @@ def plan_preemption(
     many viable nodes end the search (default: kube-scheduler's, 10 % of the nodes past the bound, at
     least 100); the search starts at ``start_offset`` (the pod's name, and a copy of ``rng``: the
     caller's stream is not advanced). The result's ``considered`` says how many nodes were tried.
+    ``memo``: what earlier plans found per node (placement/preemption_memo.py): the same answer.
     """
-    if len({pod.uid for pod in running}) != len(running):  # find the first one given twice
-        seen: set[str] = set()
-        for pod in running:
-            if pod.uid in seen:
-                raise ValueError(f"running pod {pod.uid} is given twice")
-            seen.add(pod.uid)
+    if len({pod.uid for pod in running}) != len(running):  # the first one given twice
+        twice = next(p.uid for k, p in enumerate(running) if any(q.uid == p.uid for q in running[:k]))
+        raise ValueError(f"running pod {twice} is given twice")
     by_row: dict[int, list[RunningPod]] = defaultdict(list)
     index = snapshot.index
     for pod in running:
@@ -311,8 +311,13 @@ def plan_preemption(
     if not by_row:
         return None
 
-    work = snapshot.copy()
-    rows = _bound(work, request, by_row)
+    # what earlier plans found on the nodes that did not change since (the same answer, without the work)
+    found = memo.nodes(policy, shape_key(request, priority, spent)) if memo is not None else None
+    known = still_valid(found, snapshot, by_row)
+    unknown = {row: pods for row, pods in by_row.items() if row not in known}
+    work = snapshot.copy() if unknown else None  # the working copy, once a node is worked on
+    bounded = set(_bound(work, request, unknown)) if work is not None else set()
+    rows = sorted(row for row in by_row if (known[row].bounded if row in known else row in bounded))
     budget = budget or CandidateBudget()
     want = budget.count(len(rows))
     if want < len(rows):  # sampling: a rotated order, as kube-scheduler's GetOffsetAndNumCandidates
@@ -322,22 +327,40 @@ def plan_preemption(
     # Release each chunk's lower-priority pods; its viable nodes (the pod fits with all of them gone)
     # are candidates. The others stay released: nodes are independent and only candidates are read.
     plans: dict[int, _NodePlan] = {}
+    fresh: list[_NodePlan] = []  # plans the memo did not have: reprieved below
+    viable: dict[int, bool] = {}  # nodes tried here: the pod fits with their lower-priority pods gone
     tried = 0
     while tried < len(rows) and len(plans) < want:
         if deadline is not None and plans and time.perf_counter() >= deadline:
             break
         chunk = rows[tried:tried + max(want - len(plans), _MIN_CHUNK)]
         tried += len(chunk)
-        fresh = [_release_node(work, row, by_row[row], spent) for row in chunk]
-        fits = fit_mask(work, request, policy)
-        plans.update((plan.row, plan) for plan in fresh if fits[plan.row])
+        released: dict[int, _NodePlan] = {}
+        fits = None
+        if todo := [row for row in chunk if row not in known or known[row].viable is None]:
+            work = snapshot.copy() if work is None else work
+            released = {row: _release_node(work, row, by_row[row], spent) for row in todo}
+            fits = fit_mask(work, request, policy)
+        for row in chunk:
+            plan = released.get(row)
+            if plan is None:  # the memo's
+                if known[row].viable:
+                    plans[row] = known[row].plan
+                continue
+            assert fits is not None
+            viable[row] = bool(fits[row])
+            if fits[row]:
+                plans[row] = plan
+                fresh.append(plan)
     if not plans:
+        remember(found, snapshot, by_row, known, bounded, viable, plans)
         return None
 
     # Reprieve, one step for every node at once: add back each node's next pod; where the pod no longer
     # fits, take it out again: it is a victim.
-    for step in range(max(len(plan.order) for plan in plans.values())):
-        trying = [(plan, plan.order[step]) for plan in plans.values() if step < len(plan.order)]
+    for step in range(max((len(plan.order) for plan in fresh), default=0)):
+        assert work is not None  # a fresh plan released its node on it
+        trying = [(plan, plan.order[step]) for plan in fresh if step < len(plan.order)]
         for _, pod in trying:
             work.assume(pod.request, pod.placement)
         fits = fit_mask(work, request, policy)
@@ -345,9 +368,10 @@ def plan_preemption(
             if not fits[plan.row]:
                 work.release(pod.request, pod.placement)
                 plan.victims.append(pod)
-    for plan in plans.values():
+    for plan in fresh:
         victims = sorted(plan.victims, key=lambda p: _importance(p, plan.costs[p.uid]))
         plan.violations = sum(count_down(victims, spent))
+    remember(found, snapshot, by_row, known, bounded, viable, plans)
 
     best = min(plans.values(), key=lambda plan: plan.key(int(snapshot.tie_rank[plan.row])))
     node = snapshot.node_names[best.row]
@@ -373,65 +397,3 @@ def _release_node(work: ClusterSnapshot, row: int, pods: list[RunningPod],
     for pod in order:
         work.release(pod.request, pod.placement)
     return _NodePlan(row, order, costs)
-
-
-def held_room(snapshot: ClusterSnapshot, node: str, takes: Iterable[tuple[PodRequest, Placement]],
-              victims: Iterable[RunningPod], name: str, priority: int,
-              namespace: str = "default") -> list[tuple[PodRequest, Placement]]:
-    """What placing ``takes`` (a preemptor's placement, or a gang's members on one node) on ``node``
-    needs beyond what ``victims`` free there: the room the plan counts on that is free already. The
-    nominator holds it for the preemptor while it waits, as kube-scheduler counts a nominated pod on its
-    node against pods of its priority or lower (docs/preemption.md). Returned as (request, placement)
-    pairs that ``snapshot.assume`` accounts exactly: per GPU the milli and memory taken beyond what the
-    victims free (one pair per distinct amount; a whole GPU less a victim's memory share is a 999-milli
-    part with that memory plus a 1-milli part, as only a 1000-milli part takes the GPU's whole memory),
-    the free MIG devices and the CPU and memory beyond the victims' with the first pair. Each pair is
-    a CPU-only request of ``priority``, named ``name``. Empty when the victims free all of it (or the
-    snapshot no longer has the node)."""
-    row = snapshot.index.get(node)
-    if row is None:
-        return []
-    need_milli: dict[int, int] = defaultdict(int)
-    need_mem: dict[int, int] = defaultdict(int)
-    freed_milli: dict[int, int] = defaultdict(int)
-    freed_mem: dict[int, int] = defaultdict(int)
-
-    def count(placement: Placement, milli: dict[int, int], mem: dict[int, int]) -> set[str]:
-        for part in placement.parts():
-            for j in part.gpu_indices:
-                milli[j] += part.gpu_milli
-                mem[j] += int(snapshot.gpu_mem_total[row, j]) if part.gpu_milli == MILLI else part.gpu_memory_mib
-        return {u for part in placement.parts() for u in part.mig_devices}
-
-    cpu = memory = 0
-    mig: set[str] = set()
-    for request, placement in takes:
-        if placement.node == node:
-            mig |= count(placement, need_milli, need_mem)
-            cpu, memory = cpu + request.cpu_milli, memory + request.memory_mib
-    for victim in victims:
-        if victim.node == node:
-            mig -= count(victim.placement, freed_milli, freed_mem)
-            cpu, memory = cpu - victim.request.cpu_milli, memory - victim.request.memory_mib
-    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for j in sorted(need_milli):
-        milli = max(0, need_milli[j] - freed_milli[j])
-        mem = max(0, need_mem[j] - freed_mem[j])
-        total = int(snapshot.gpu_mem_total[row, j])
-        if milli >= MILLI and mem >= total:
-            groups[(MILLI, 0)].append(j)
-        elif milli >= MILLI:  # a 1000-milli part would take the memory a victim's hold keeps too
-            groups[(MILLI - 1, mem)].append(j)
-            groups[(1, 0)].append(j)
-        elif milli or mem:
-            groups[(milli, mem)].append(j)
-    parts = [Placement(node, tuple(gpus), milli, mem)
-             for (milli, mem), gpus in sorted(groups.items(), reverse=True)]
-    if mig:
-        first = parts[0] if parts else Placement(node)
-        parts = [replace(first, mig_devices=tuple(sorted(mig))), *parts[1:]]
-    cpu, memory = max(0, cpu), max(0, memory)
-    if not parts and (cpu or memory):
-        parts = [Placement(node)]
-    return [(PodRequest(name, cpu_milli=cpu if k == 0 else 0, memory_mib=memory if k == 0 else 0,
-                        priority=priority, namespace=namespace), part) for k, part in enumerate(parts)]

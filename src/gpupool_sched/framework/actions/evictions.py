@@ -50,7 +50,10 @@ def evict(session: Session, priority: int, candidates: list[RunningPod], reclaim
                                         budget=budget)
     else:
         def compute() -> Preemption | None:
-            return plan_preemption(snapshot, plans[0].request, priority, candidates, policy, rng, budget=budget)
+            # the memo only inline: an off-loop plan runs on another thread
+            memo = None if session.offload else session.memo
+            return plan_preemption(snapshot, plans[0].request, priority, candidates, policy, rng, budget=budget,
+                                   memo=memo)
 
     timed: list[float] = []
 

@@ -116,17 +116,16 @@ class DisruptionBudgets:
 
 def running_pods(state: ClusterState, budgets: DisruptionBudgets, below: int | None = None) -> list[RunningPod]:
     """The ledger's candidates for eviction (bound or confirmed, not already being evicted, no holds);
-    with `below`, only those of lower priority (the only ones preemption may pick).
+    with `below`, only those of lower priority (the only ones preemption may pick), taken from the
+    ledger's accounted entries by priority (`Ledger.running`), so the pass does not visit the others.
 
     Each entry keeps the RunningPod last built for it (`PodEntry.victim_memo`) with what it was built
     from (request, placement, node, key, labels, start, the budgets' generation); it is reused while all
     of them are the same objects, so a preemption does not rebuild thousands of unchanged candidates."""
     out: list[RunningPod] = []
     generation = budgets.generation if budgets.budgets else -1  # -1: no budget covers anything
-    for entry in state.running():
+    for entry in state.running(below):  # with `below`: only entries of lower priority are visited
         request = entry.request
-        if below is not None and request.priority >= below:
-            continue
         memo = entry.victim_memo
         if (memo is not None and memo[0] is request and memo[1] is entry.placement and memo[2] == generation
                 and memo[3] is entry.labels and memo[4] == entry.started and memo[5] is entry.node
