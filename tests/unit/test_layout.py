@@ -113,3 +113,23 @@ def test_the_device_plugin_imports_without_the_scheduler_extra() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+MAX_MODULE_LINES = 400  # issue 18's layout rule for the scheduler: one module, one idea
+
+
+def oversized(root: Path, limit: int = MAX_MODULE_LINES) -> list[str]:
+    """Modules under `root` longer than `limit` lines (protoc's output aside), with their length."""
+    return [f"{p.relative_to(root)}: {n} lines" for p in sorted(root.rglob("*.py"))
+            if "_pb2" not in p.name and (n := len(p.read_text(encoding="utf-8").splitlines())) > limit]
+
+
+def test_no_scheduler_module_is_over_400_lines() -> None:
+    assert oversized(SRC / "gpupool_sched") == []
+
+
+def test_oversized_sees_a_long_module(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    assert oversized(tmp_path) == [f"pkg/long.py: {MAX_MODULE_LINES + 1} lines"]
