@@ -20,7 +20,7 @@ LOW = ("sim-best-effort", 0)
 
 def node(name: str, gpus: int) -> NodeView:
     spec = NodeSpec(name=name, cpu_milli=64000, memory_mib=262144,
-                    gpus=tuple(GpuSpec(index=i, model="A10") for i in range(gpus)))
+                    gpus=tuple(GpuSpec(index=i, model="A10", memory_mib=24576) for i in range(gpus)))
     return NodeView(spec, None, None, None, False)
 
 
@@ -77,7 +77,9 @@ def test_with_defrag_off_the_pod_waits_for_a_departure() -> None:
 
 def blocked_cluster(budget: int | None) -> tuple[Timeline, list[tuple[float, TimedPod]]]:
     """Twenty 2-GPU nodes each half used by a long 1-GPU pod (best-fit packs two per node; every second one
-    leaves at once), then ten 2-GPU pods that each fit only after one move (nothing else ever leaves)."""
+    leaves at once), then ten 2-GPU pods that each fit only after one move (nothing else ever leaves). The
+    GPUs' memory is known, so that the consolidation ranks moving one 1-GPU pod before moving a 2-GPU one
+    (with unknown memory it tries 8 nodes in tie-break order, placement/consolidation.py)."""
     fill = [(float(i), pod(f"f{i:02d}", 1, 500.0 if i % 2 else 1e6)) for i in range(40)]
     blocked = [(1000.0 + i, pod(f"h{i}", 2, 1e6)) for i in range(10)]
     return timeline(DefragConfig(per_hour=budget), *(node(f"n{i:02d}", 2) for i in range(20))), [*fill, *blocked]

@@ -3,7 +3,8 @@ after a move) driven once through the real `SchedulerService` over the stand-in 
 ReplicaSets, bindings confirmed by the watch, departures and the mover's eviction as watch deletions, the
 ReplicaSet's replacement as a new pod) and once through `Timeline` with `--defrag on`: the same mover, the
 same destination (node and GPUs), the blocked pod on the same node and GPUs, the replacement on its
-reserved room."""
+reserved room. (A bound pod holds GPUs for the movers' plugin once the device plugin's answer says which:
+the watch's confirmation carries it, as tests/support/defrag_service.tenant does.)"""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import asyncio
 import copy
 from typing import Any
 
+from gpupool_common.handshake import AllocationAck, ack_annotations
 from gpupool_sched.cache.reservations import reservation_uid
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.plugins.movers import DefragConfig
@@ -25,6 +27,7 @@ from tests.support.objects import bump, node_obj, pod_obj
 # name, arrival, GPUs, lifetime; two 4-GPU nodes (l40s), best-fit: h fits only once b or d moves
 SCENARIO = [("a", 0.0, 3, 1000.0), ("b", 1.0, 1, 5000.0), ("c", 2.0, 3, 1000.0), ("d", 3.0, 1, 5000.0),
             ("h", 2000.0, 4, 300.0)]
+GPU = "nvidia.com/gpu"
 DEFRAG = {"after_s": 0.0, "min_runtime_s": 0.0}  # what tests/support/defrag_service.with_service runs
 
 
@@ -41,8 +44,14 @@ def service_story() -> dict[str, Any]:
             objs[name] = add(service, server, obj)
             await run_queue(service, rounds=10, until=lambda: f"ns/{obj['metadata']['name']}" in dict(server.bindings))
             node = dict(server.bindings)[f"ns/{obj['metadata']['name']}"]
-            objs[name] = bump(objs[name], node=node, phase="Running")
-            service.on_pod("MODIFIED", objs[name])  # the watch confirms the binding
+            uid = obj["metadata"]["uid"]
+            gpus = service.state.pods[uid].placement.gpu_indices
+            uuids = tuple(service.state.nodes[node].spec.gpus[j].uuid for j in gpus)
+            ack = AllocationAck(node=node, pod_uid=uid, complete=True, containers={"main": {GPU: uuids}})
+            # the watch confirms the binding, with the device plugin's answer (which GPUs)
+            objs[name] = bump(objs[name], node=node, phase="Running", annotations=ack_annotations(ack))
+            objs[name]["metadata"]["resourceVersion"] = server.version()  # newer than what the service saw
+            service.on_pod("MODIFIED", objs[name])
 
         def gone(name: str) -> None:
             server.delete(PODS, objs[name])

@@ -18,9 +18,10 @@ priority, the mover's remaining lifetime) is scheduled through the normal cycle,
 reservation by owner and request (`ClusterState.reservation_for`). A replacement that does not land where
 reserved is counted (`TimeStats.misplaced`) and waits like any pod. A pod is retried when its wait
 reaches `after_s` (the service's `Defrag.wait`), when a cooldown or the spent budget lets a move happen
-again (`Defrag.held_back`), and, while the budget has moves left, when a departure frees GPUs (the
-service wakes every unschedulable pod then; here only the consolidate action is tried, since allocate
-and preempt are retried by count, see timeline.py)."""
+again (`Defrag.held_back`), and, while the budget has moves left, when a departure frees GPUs: the
+service wakes every unschedulable pod then; here one waiting pod per departure is tried, and only for
+the consolidate action (allocate and preempt are retried by count, see timeline.py), which bounds the
+simulator's cost."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from gpupool_sched.simulate.timeline import Job, Timeline
 
 EPOCH = 1_700_000_000.0  # wall-clock seconds at simulated time 0 (pods' start times must be positive)
+# a pod a departure woke is tried again after its back-off, at most this (the service queue's max_backoff_s)
+WOKEN_RETRY_S = 10.0
 
 
 def owner_of(namespace: str, name: str) -> str:
@@ -55,6 +58,7 @@ class Moves:
                              wall=lambda: EPOCH + timeline.now)
         self.refreshed = float("-inf")
         self.due: dict[str, float] = {}  # waiting pod UID -> when it is tried again (the service's Defrag.due)
+        self.woken: dict[str, float] = {}  # waiting pod UID -> when a departure last had it tried for a move
 
     def offer(self, job: Job) -> Offer:
         """What may move for `job` now (the budget's base recounted as the service's housekeeping does)."""
@@ -108,33 +112,35 @@ class Moves:
             self.timeline.retry_job(job)
 
     def freed(self) -> None:
-        """A departure freed GPUs: while the budget has moves left, the waiting pods past `after_s` (each
-        group's head, most important first, then the longest waiting) are tried for a migration."""
+        """A departure freed GPUs: while the budget has moves left, one waiting pod past `after_s` (a group's
+        head, most important first, then the longest waiting, not tried this way within `WOKEN_RETRY_S`) is
+        tried for a migration."""
         t = self.timeline
         if not t.queue_len or self.movers.budget_left() <= 0:
             return
-        after = self.movers.config.after_s
-        heads = sorted((next(iter(group.values())) for group in t.groups.values()),
-                       key=lambda j: (-j.plan.priority, j.seq))
-        for head in heads:
-            if not head.queued or t.now - head.since < after:
-                continue
-            offer = self.offer(head)
-            if offer.candidates is None:
-                return  # the budget is spent (or pods may not move now): the same for every pod
-            result = self._decide(head, None, offer)
-            t.stats.cycle_seconds += result.seconds
-            placed = result.statement is not None and bool(result.statement.placements)
-            if not placed and result.migration is None:
-                continue
-            t.dequeue_job(head)
-            if placed:
-                assert result.statement is not None
-                t.placed_job(head, result.statement.placements[0][1])
-            elif not self._migrate(head, result):
-                t.enqueue_back(head)
-            if self.movers.budget_left() <= 0:
-                return
+        now, after = t.now, self.movers.config.after_s
+        if len(self.woken) > 4 * t.queue_len + 64:
+            self.woken = {uid: at for uid, at in self.woken.items() if now - at < WOKEN_RETRY_S}
+        heads = [j for group in t.groups.values() if now - (j := next(iter(group.values()))).since >= after
+                 and now - self.woken.get(j.plan.uid, float("-inf")) >= WOKEN_RETRY_S]
+        if not heads:
+            return
+        head = min(heads, key=lambda j: (-j.plan.priority, j.seq))
+        self.woken[head.plan.uid] = now
+        offer = self.offer(head)
+        if offer.candidates is None:
+            return  # the budget is spent (or pods may not move now)
+        result = self._decide(head, None, offer)
+        t.stats.cycle_seconds += result.seconds
+        placed = result.statement is not None and bool(result.statement.placements)
+        if not placed and result.migration is None:
+            return
+        t.dequeue_job(head)
+        if placed:
+            assert result.statement is not None
+            t.placed_job(head, result.statement.placements[0][1])
+        elif not self._migrate(head, result):
+            t.enqueue_back(head)
 
     def _expire(self, node: str) -> None:
         if self.timeline.state.expire_reservations():
