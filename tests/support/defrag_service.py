@@ -42,11 +42,13 @@ def tenant(service: SchedulerService, node: str, gpu: int, units: int = 10, owne
     return obj
 
 
-async def with_service(test: Callable[[SchedulerService, ApiServer], Awaitable[None]], **defrag: Any) -> None:
+async def with_service(test: Callable[[SchedulerService, ApiServer], Awaitable[None]], policy: str = "gpupool",
+                       **defrag: Any) -> None:
     async with serving() as (server, api):
         for path in (PDBS, PRIORITY_CLASSES, "/api/v1/namespaces", JOBS):
             server.objects[path] = {}
-        config = SchedulerConfig(defrag=DefragConfig(**{"after_s": 0.0, "min_runtime_s": 0.0, **defrag}))
+        config = SchedulerConfig(policy=policy,
+                                 defrag=DefragConfig(**{"after_s": 0.0, "min_runtime_s": 0.0, **defrag}))
         service = SchedulerService(config, api)
         service.recorder.start()  # Events and conditions are posted (the service starts it in `start`)
         try:

@@ -52,12 +52,25 @@ def test_time_mode_writes_a_report_per_load(tmp_path: Path, files: tuple[Path, P
     assert "time mode, trace timed" in out.stdout and "queueing delay" in out.stdout
     reports = json.loads((tmp_path / "t.json").read_text())
     assert [r["load"] for r in reports] == [0.7, 1.3]
-    assert all(r["mode"] == "time" and r["policy"] == "gpupool" and r["migrations"] == 0 for r in reports)
+    assert all(r["mode"] == "time" and r["policy"] == "gpupool" and r["defrag"] == "on" for r in reports)
+    assert all(r["defrag_after_s"] == 60.0 and r["defrag_budget_per_hour"] is None for r in reports)  # the scheduler's
     assert set(reports[0]["queueing_delay"]) == {"sim-latency-sensitive", "sim-best-effort"}
     assert reports[0]["allocated_pct"] < reports[1]["allocated_pct"]
     assert reports[1]["gave_up"] + reports[1]["preemptions"] > 0  # 130% of capacity cannot all run
     assert len(reports[0]["series"]) == 200  # --plot samples the run over time
     assert (tmp_path / "t.png").stat().st_size > 10_000
+
+
+def test_defrag_off_moves_nothing_and_the_budget_is_reported(tmp_path: Path, files: tuple[Path, Path, Path]) -> None:
+    nodes, timed, _ = files
+    common = ["simulate", "--mode", "time", "--nodes", str(nodes), "--pods", str(timed), "--load", "1.3",
+              "--days", "0.2", "--horizon", "1"]
+    assert main([*common, "--defrag", "off", "--json", str(tmp_path / "off.json")]) == 0
+    [off] = json.loads((tmp_path / "off.json").read_text())
+    assert (off["defrag"], off["migrations"], off["moved_pct_of_arrivals"]) == ("off", 0, 0.0)
+    assert main([*common, "--defrag-budget", "5", "--defrag-after", "30", "--json", str(tmp_path / "on.json")]) == 0
+    [on] = json.loads((tmp_path / "on.json").read_text())
+    assert (on["defrag"], on["defrag_after_s"], on["defrag_budget_per_hour"]) == ("on", 30.0, 5)
 
 
 def test_the_arrivals_replay_is_unchanged_by_default(files: tuple[Path, Path, Path],
@@ -81,6 +94,9 @@ def test_the_arrivals_replay_is_unchanged_by_default(files: tuple[Path, Path, Pa
     (["--ratio", "0"], "--ratio must be in (0, 10], got 0"),
     (["--load", "0.8"], "--load is for --mode time"),
     (["--days", "1"], "--days is for --mode time"),
+    (["--defrag-budget", "3"], "--defrag-budget is for --mode time"),
+    (["--mode", "time", "--defrag-after", "-1"], "--defrag-after must be a non-negative number of seconds, got -1"),
+    (["--mode", "time", "--defrag-budget", "-1"], "--defrag-budget must not be negative, got -1"),
     (["--mode", "time", "--from-cluster"], "--from-cluster decides the live cluster's pending pods once; it has no"),
 ])
 def test_bad_time_flags_give_one_line_and_exit_2(files: tuple[Path, Path, Path], args: list[str], message: str,

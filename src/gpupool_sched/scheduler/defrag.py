@@ -20,7 +20,7 @@ from typing import Any
 from gpupool_sched.cache.reservations import Reservation
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.actions import background
-from gpupool_sched.framework.plugins.movers import DefragConfig, Movers, in_window
+from gpupool_sched.framework.plugins.movers import BUDGET_REFRESH_S, DefragConfig, Movers, in_window
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
 from gpupool_sched.kube import migration_record
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 SURGES_LOOK_S = 30.0  # a leader looks for surges left unfinished this often (and on taking over)
 SURGES_WAIT_S = 2.0  # ... and this often while one waits for its new replica to become Ready
-BUDGET_REFRESH_S = 30.0  # the default budget (1 % of running GPU pods) is recounted this often, not every tick
 BACKGROUND_RETRY_S = 30.0  # background consolidation plans again this long after a plan found nothing to gain
 PURPOSE = BACKGROUND + "/"  # a background migration's id (the reservations' `blocked`): this and a serial
 
@@ -91,17 +90,16 @@ class Defrag:
     def wait(self, uid: str, first_seen: float | None, priority: int) -> None:
         """A lone pod fits nowhere and has not waited `after_s` yet: try it again then, if anything could
         move for it at all (a cluster without movable pods retries nothing)."""
-        if self.movers.config.enabled and first_seen is not None and self.movers.any_movable(priority):
-            self.due.setdefault(uid, first_seen + self.movers.config.after_s)
+        at = self.movers.wait_over_at(first_seen, priority) if first_seen is not None else None
+        if at is not None:
+            self.due.setdefault(uid, at)
 
     def held_back(self, uid: str) -> None:
         """Nothing moved for `uid` though pods may move for it: when pods left out by their cooldown may
         move again, or the spent budget allows a move again, it is tried again (not only at the next cluster
         event or the queue's flush)."""
-        movers = self.movers
-        times = [t for t in (movers.cooling_until, movers.budget_frees_at()) if t is not None]
-        if times:
-            at = min(times)
+        at = self.movers.held_until()
+        if at is not None:
             self.due[uid] = min(self.due.get(uid, at), at)
 
     def observe(self, uid: str, obj: Mapping[str, Any], deleted: bool = False) -> None:

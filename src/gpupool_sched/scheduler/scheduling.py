@@ -256,20 +256,10 @@ class Scheduling:
         preemption until then (moving is cheaper than killing)."""
         if self.defrag is None or not self.defrag.movers.config.enabled or job.gang or not preempts:
             return None, None, None, False
-        movers = self.defrag.movers
         item = job.items[0]
         waited = self.queue.clock() - item.first_seen if item.first_seen is not None else 0.0
-        floor = job.priority
-        most = min(movers.config.max_movers, movers.budget_left())
-        if waited < movers.config.after_s:
-            if most <= 0 or not movers.any_movable(floor):
-                return None, None, None, False
-            return (lambda: movers.candidates(floor)), most, None, True
-        movers.cooling_until = None  # what `candidates` leaves out for this pod, if it is asked
-        why = movers.may_move_for(waited)
-        if why is not None:
-            return None, None, why, False
-        return (lambda: movers.candidates(floor)), most, None, False
+        offer = self.defrag.movers.offer(waited, job.priority)
+        return offer.candidates, offer.most, offer.why_not, offer.later
 
     def _failure(self, job: Job, result: CycleResult | GangResult, why_evicted: str) -> str:
         """Why the job was not placed (for its members' Events), and the evictions it started, if any."""

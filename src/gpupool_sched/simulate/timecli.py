@@ -8,16 +8,20 @@ import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpupool_sched.errors import UserError
 from gpupool_sched.placement.registry import POLICIES
 from gpupool_sched.simulate.outputs import write_outputs
 
+if TYPE_CHECKING:
+    from gpupool_sched.framework.plugins.movers import DefragConfig
+
 MODES = ("arrivals", "time")
 MAX_DAYS = 365.0
 MAX_PATIENCE_S = 10**8
 DEFAULT_LOADS = "0.8,1.0,1.2"
-TIME_FLAGS = ("load", "days", "horizon", "patience")
+TIME_FLAGS = ("load", "days", "horizon", "patience", "defrag_after", "defrag_budget")
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -38,6 +42,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     group.add_argument("--patience", type=float, metavar="SECONDS",
                        help="how long a waiting pod stays at least, when its trace does not say it gave up "
                        "sooner (default 3600)")
+    # --defrag itself (on by default, as the scheduler's) is shared with --from-cluster (whatif.py)
+    group.add_argument("--defrag-after", type=float, metavar="SECONDS",
+                       help="with --defrag on: a pod waits this long before pods move for it (default 60, the "
+                       "scheduler's --defrag-after)")
+    group.add_argument("--defrag-budget", type=int, metavar="MOVES",
+                       help="with --defrag on: moves per hour cluster-wide (default 1 %% of the running GPU pods, at "
+                       "least 1, as the scheduler's --defrag-budget)")
 
 
 def parse_loads(value: str) -> tuple[float, ...]:
@@ -60,6 +71,19 @@ def _days(flag: str, value: float | None, default: float) -> float:
     if not (math.isfinite(value) and 0 < value <= MAX_DAYS):
         raise UserError(f"--{flag} must be in (0, {MAX_DAYS:g}] days, got {value:g}")
     return value
+
+
+def defrag_config(args: argparse.Namespace) -> DefragConfig:
+    """The consolidate action's settings: the scheduler's defaults (framework/plugins/movers.py) but for
+    the two time-mode flags."""
+    from gpupool_sched.framework.plugins.movers import DefragConfig
+
+    after = 60.0 if args.defrag_after is None else args.defrag_after
+    if not (math.isfinite(after) and after >= 0):
+        raise UserError(f"--defrag-after must be a non-negative number of seconds, got {after:g}")
+    if args.defrag_budget is not None and args.defrag_budget < 0:
+        raise UserError(f"--defrag-budget must not be negative, got {args.defrag_budget}")
+    return DefragConfig(enabled=args.defrag == "on", after_s=after, per_hour=args.defrag_budget)
 
 
 def check_time_arguments(args: argparse.Namespace) -> tuple[str, tuple[float, ...], float, float, float]:
@@ -89,7 +113,7 @@ def refuse_time_flags(args: argparse.Namespace) -> None:
     """The arrivals replay refuses the time mode's flags rather than ignore them."""
     for name in TIME_FLAGS:
         if getattr(args, name) is not None:
-            raise UserError(f"--{name} is for --mode time (the arrivals replay has no time)")
+            raise UserError(f"--{name.replace('_', '-')} is for --mode time (the arrivals replay has no time)")
 
 
 def _progress(stack: ExitStack, days: float) -> Callable[[str], Callable[[float], None]] | None:
@@ -125,7 +149,7 @@ def run_time_mode(args: argparse.Namespace) -> int:
     if (args.nodes is None) != (args.pods is None):
         raise UserError("give both --nodes and --pods, or neither (the bundled openb default trace)")
     settings = TimeSettings(loads, days * DAY_S, horizon * DAY_S, patience, args.seed, policy,
-                            samples=200 if args.plot else 0)
+                            samples=200 if args.plot else 0, defrag=defrag_config(args))
     try:
         trace = read_trace(args.nodes, args.pods, extra_models=args.gpu_model)
         pods = trace_pods(trace, args.pods, settings)

@@ -12,6 +12,9 @@ when a departure (or a preemption) frees room on a node it could fit on by count
 enough free milli of an accepted model): nothing else frees room, so a pod that fitted nowhere before
 cannot fit anywhere else now (kube-scheduler's queueing hints make the same argument). Waiting pods are
 retried by priority, then in arrival order; a retry runs the whole cycle (allocate, then preempt).
+
+With a `DefragConfig` that is on, the cycle also runs the consolidate action (migrations: timemoves.py,
+the service's `Movers` on the simulated clock).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.cycle import Cycle, CycleResult
+from gpupool_sched.framework.plugins.movers import DefragConfig
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets, running_pods
 from gpupool_sched.kube.nodes import NodeView
 from gpupool_sched.kube.podinfo import PodInfo
@@ -32,8 +36,9 @@ from gpupool_sched.model.decision import Placement
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.preemption import RunningPod
 from gpupool_sched.simulate.lifetimes import TimedPod
+from gpupool_sched.simulate.timemoves import EPOCH, Moves, owner_of
 
-ARRIVE, DEPART, GIVE_UP, SAMPLE = 0, 1, 2, 3
+ARRIVE, DEPART, GIVE_UP, SAMPLE, CALL = 0, 1, 2, 3, 4
 GroupKey = tuple[int, int, int, int, int, frozenset[str]]  # (-priority, cpu, memory, GPUs, milli, models)
 NAMESPACE = "sim"
 
@@ -51,17 +56,20 @@ class Job:
     running: bool = False
     end: float = 0.0  # when it leaves, while running
     started: float = 0.0
+    moved: bool = False  # a migrated pod's replacement (not counted as placed again)
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What the cycle did for a pod at `time`: placed it (node, GPUs) or evicted `victims` (pod names) for it."""
+    """What the cycle did for a pod at `time`: placed it (node, GPUs), evicted `victims` (pod names) for it,
+    or moved pods for it to make room on `node` (`moved`: each mover's name, destination node and GPUs)."""
 
     time: float
     pod: str
     node: str
     gpus: tuple[int, ...]
     victims: tuple[str, ...] = ()
+    moved: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
 
 @dataclass
@@ -88,7 +96,9 @@ class TimeStats:
     gave_up: int = 0
     preemptions: int = 0  # pods evicted by a preemption (each goes back to the queue)
     preemptors: int = 0  # decisions that evicted
-    migrations: int = 0  # consolidate does not run in the simulator: always 0
+    migrations: int = 0  # pods moved by the consolidate action (--defrag on; not preemptions)
+    migrated_for: int = 0  # pods that pods were moved for
+    misplaced: int = 0  # movers' replacements that did not land on their reserved destination
     events: int = 0
     offered_milli_s: float = 0.0  # GPU milli x lifetime of every arrival (what the load asks)
     delays: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # class -> waits of placed pods
@@ -106,10 +116,11 @@ Fragmentation = Callable[[ClusterState], float]  # fragmented GPU milli of the c
 class Timeline:
     """One run: nodes, a policy and a stream of arrivals. `prefill`: pods already running at time 0 with
     their remaining lifetimes (placed in the given order, no preemption; those that fit nowhere are
-    dropped and counted). `record`: keep every decision (tests)."""
+    dropped and counted). `record`: keep every decision (tests). `defrag`: the consolidate action's settings
+    (the service's `--defrag*`; None or off: no pod moves)."""
 
     def __init__(self, nodes: Sequence[NodeView], policy: Callable[[], Policy], *, seed: int = 0,
-                 record: bool = False) -> None:
+                 record: bool = False, defrag: DefragConfig | None = None) -> None:
         self.now = 0.0
         self.state = ClusterState("gpupool", clock=lambda: self.now)
         for view in nodes:
@@ -130,29 +141,35 @@ class Timeline:
         self.stats = TimeStats(0.0, 0.0, self.capacity_milli)
         self._last = 0.0
         self._arrivals: Arrivals | None = None
+        self.moves = Moves(self, defrag) if defrag is not None and defrag.enabled else None
 
     # ---- events ----------------------------------------------------------------------------------
     def _push(self, at: float, kind: int, what: object) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (at, self.seq, kind, what))
 
-    def _job(self, pod: TimedPod, since: float) -> Job:
+    def call_at(self, at: float, what: Callable[[], None]) -> None:  # timemoves.py's retries
+        self._push(at, CALL, what)
+
+    def new_job(self, pod: TimedPod, since: float, *, moved: bool = False) -> Job:
         name = pod.request.name
         self.attempts[name] += 1
         uid = f"{name}#{self.attempts[name]}"
-        plan = PodPlan(uid, NAMESPACE, name, since, pod.request.priority, pod.request, (), 1024)
+        plan = PodPlan(uid, NAMESPACE, name, since, pod.request.priority, pod.request, (), 1024,
+                       owner_of(NAMESPACE, name))
         self.seq += 1
-        return Job(pod, plan, self.seq, since)
+        return Job(pod, plan, self.seq, since, moved=moved)
 
     def prefill(self, pods: Sequence[tuple[TimedPod, float]]) -> None:
         """Pods running at time 0, each with its remaining lifetime."""
         for pod, remaining in pods:
-            job = self._job(pod, 0.0)
+            job = self.new_job(pod, 0.0)
             result = self.cycle.schedule(job.plan)
             if result.statement is None or not result.statement.placements:
                 self.stats.prefill_dropped += 1
                 continue
-            self._started(job, result.statement.placements[0][1], remaining, record=False)
+            self._started(job, result.statement.placements[0][1], remaining, record=False,
+                          age=max(0.0, job.pod.lifetime_s - remaining))
             self.stats.prefilled += 1
 
     def run(self, arrivals: Arrivals, until: float, *, samples: int = 0,
@@ -183,6 +200,8 @@ class Timeline:
                 self._next_arrival()
             elif kind == GIVE_UP:
                 self._give_up(what)  # type: ignore[arg-type]
+            elif kind == CALL:
+                what()  # type: ignore[operator]
             else:
                 frag = None if fragmentation is None else 100 * fragmentation(self.state) / self.capacity_milli
                 stats.samples.append(Sample(at, 100 * self.allocated_milli / self.capacity_milli, self.queue_len, frag))
@@ -212,22 +231,32 @@ class Timeline:
 
     # ---- what happens to a pod -----------------------------------------------------------------------
     def _arrive(self, pod: TimedPod) -> None:
-        job = self._job(pod, self.now)
-        if not self._try(job):
-            self._enqueue(job)
+        job = self.new_job(pod, self.now)
+        if not self.try_job(job):
+            self.enqueue_job(job)
 
-    def _try(self, job: Job) -> bool:
-        """One cycle for the job (allocate, then preempt); True when it runs now."""
-        result = self.cycle.schedule(job.plan, self._candidates(job))
+    def try_job(self, job: Job) -> bool:
+        """One cycle for the job (allocate, consolidate when on, then preempt); True when it runs now."""
+        moves, offer = self.moves, None
+        if moves is None:
+            result = self.cycle.schedule(job.plan, self.candidates_for(job))
+        else:
+            result, offer = moves.decide(job, self.candidates_for(job))
         self.stats.cycle_seconds += result.seconds
         if result.statement is not None and result.statement.placements:
-            self._placed(job, result.statement.placements[0][1])
+            self.placed_job(job, result.statement.placements[0][1])
             return True
         if result.preemption is not None:
             return self._preempted_for(job, result)
-        return False
+        return moves is not None and offer is not None and moves.not_placed(job, result, offer)
 
-    def _candidates(self, job: Job) -> Callable[[], list[RunningPod]]:
+    def retry_job(self, job: Job) -> None:
+        """A waiting job tried again out of turn (its wait for moves is over): back in its place if not placed."""
+        self.dequeue_job(job)
+        if not self.try_job(job):
+            self.enqueue_back(job)
+
+    def candidates_for(self, job: Job) -> Callable[[], list[RunningPod]]:
         """Its eviction candidates, as the service passes them: running pods below its priority."""
         floor = job.plan.priority
         return lambda: running_pods(self.state, self.budgets, floor)
@@ -241,32 +270,35 @@ class Timeline:
             self.decisions.append(Decision(self.now, job.pod.request.name, result.preemption.node, (),
                                            tuple(sorted(v.pod.request.name for v in victims))))
         for victim in victims:
-            self._leave(victim)
+            self.leave_job(victim)
             # the watch's deletion: what the victim held becomes a hold for its preemptor
             self.state.apply_pod(PodInfo.of({"metadata": {"uid": victim.plan.uid}}), deleted=True)
         node = result.preemption.node
-        again = self.cycle.schedule(job.plan, self._candidates(job))
+        again = self.cycle.schedule(job.plan, self.candidates_for(job))
         self.stats.cycle_seconds += again.seconds
         placed = again.statement is not None and bool(again.statement.placements)
         if placed:
             assert again.statement is not None
-            self._placed(job, again.statement.placements[0][1])
+            self.placed_job(job, again.statement.placements[0][1])
         else:
             self.state.end_nomination(job.plan.uid)  # never left holding room nobody takes
         for victim in victims:  # back to the queue, as their controller recreates them: a new pod, from scratch
-            redo = self._job(victim.pod, self.now)
-            self._enqueue(redo)
-        self._retry(node)
+            redo = self.new_job(victim.pod, self.now)
+            self.enqueue_job(redo)
+        self.retry_node(node)
         return placed
 
-    def _placed(self, job: Job, placement: Placement) -> None:
-        delay = self.now - job.since
-        self.stats.placed += 1
-        self.stats.delays[job.pod.priority_class].append(delay)
+    def placed_job(self, job: Job, placement: Placement) -> None:
+        if not job.moved:  # a replacement was placed (and its wait counted) as the pod it replaces
+            self.stats.placed += 1
+            self.stats.delays[job.pod.priority_class].append(self.now - job.since)
         self._started(job, placement, job.pod.lifetime_s, record=self.record)
 
-    def _started(self, job: Job, placement: Placement, lifetime: float, *, record: bool) -> None:
+    def _started(self, job: Job, placement: Placement, lifetime: float, *, record: bool, age: float = 0.0) -> None:
         self.state.mark_bound(job.plan.uid)  # the binder's answer: a candidate for preemption from now on
+        entry = self.state.pods.get(job.plan.uid)
+        if entry is not None:  # status.startTime, as the watch tells it (wall clock: timemoves.EPOCH)
+            entry.started = EPOCH + self.now - age
         job.running, job.started, job.end = True, self.now, self.now + lifetime
         self.jobs[job.plan.uid] = job
         self.allocated_milli += job.pod.request.gpu_milli_total
@@ -274,22 +306,29 @@ class Timeline:
         if record:
             self.decisions.append(Decision(self.now, job.pod.request.name, placement.node, placement.gpu_indices))
 
-    def _leave(self, job: Job) -> None:
+    def leave_job(self, job: Job) -> None:
         job.running = False
         del self.jobs[job.plan.uid]
         self.allocated_milli -= job.pod.request.gpu_milli_total
 
+    def record_migration(self, job: Job, node: str, moves: list[tuple[Job, Placement]]) -> None:
+        if self.record:
+            self.decisions.append(Decision(self.now, job.pod.request.name, node, (), (), tuple(
+                (m.pod.request.name, d.node, d.gpu_indices) for m, d in moves)))
+
     def _depart(self, job: Job) -> None:
         if not job.running:
             return  # preempted before its end
-        self._leave(job)
+        self.leave_job(job)
         entry = self.state.forget(job.plan.uid)
         if entry is not None:
-            self._retry(entry.node)
+            self.retry_node(entry.node)
+            if self.moves is not None and job.pod.request.gpu_milli_total:
+                self.moves.freed()
 
     def _give_up(self, job: Job) -> None:
         if job.queued:
-            self._dequeue(job)
+            self.dequeue_job(job)
             self.stats.gave_up += 1
 
     # ---- the queue -------------------------------------------------------------------------------
@@ -298,13 +337,13 @@ class Timeline:
         r = job.pod.request
         return (-r.priority, r.cpu_milli, r.memory_mib, r.gpu_count, r.gpu_milli, r.gpu_models)
 
-    def _enqueue(self, job: Job) -> None:
+    def enqueue_job(self, job: Job) -> None:
         job.queued = True
         self.groups.setdefault(self._group(job), {})[job.plan.uid] = job
         self.queue_len += 1
         self._push(job.since + job.pod.patience_s, GIVE_UP, job)
 
-    def _dequeue(self, job: Job) -> None:
+    def dequeue_job(self, job: Job) -> None:
         job.queued = False
         key = self._group(job)
         group = self.groups[key]
@@ -313,7 +352,7 @@ class Timeline:
             del self.groups[key]
         self.queue_len -= 1
 
-    def _retry(self, node: str) -> None:
+    def retry_node(self, node: str) -> None:
         """Room freed on `node`: the waiting pods that could fit there by count, most important first, then
         the longest waiting, each through a whole cycle."""
         if not self.queue_len:
@@ -342,12 +381,12 @@ class Timeline:
                     best = head
             if best is None:
                 return
-            self._dequeue(best)
-            if not self._try(best):
+            self.dequeue_job(best)
+            if not self.try_job(best):
                 failed.add(self._group(best))
-                self._enqueue_back(best)
+                self.enqueue_back(best)
 
-    def _enqueue_back(self, job: Job) -> None:
+    def enqueue_back(self, job: Job) -> None:
         """A retried job that still does not fit: back in its place (its give-up event is already set)."""
         job.queued = True
         group = self.groups.setdefault(self._group(job), {})

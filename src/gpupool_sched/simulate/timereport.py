@@ -14,19 +14,23 @@ from gpupool_sched.simulate.timerun import TimeReport
 def render_time_tables(reports: Sequence[TimeReport]) -> list[Table]:
     first = reports[0]
     days = first.span_s / 86400
+    defrag = first.defrag
+    budget = "1 % of running GPU pods" if defrag.per_hour is None else str(defrag.per_hour)
+    moves = (f"defrag on (after {defrag.after_s:g}s, budget {budget} per hour)" if defrag.enabled else "defrag off")
     main = Table(title=f"time mode, trace {first.trace}: {first.stats.capacity_milli // 1000} GPUs, "
-                       f"{first.policy}, {days:g} days per load, seed {first.seed}",
+                       f"{first.policy}, {days:g} days per load, seed {first.seed}, {moves}",
                  caption="allocated %: GPU capacity allocated, time-averaged; idle GPU-h waiting: free GPU capacity "
-                         "integrated over the time some pod waited; migrations stay 0 (consolidate does not run "
-                         "in the simulator)")
+                         "integrated over the time some pod waited; migrations: pods moved by the consolidate "
+                         "action (moved %: of the pods that arrived)")
     for column in ("load", "offered %", "allocated %", "idle GPU-h waiting", "queue non-empty %", "arrivals",
-                   "gave up", "preemptions", "migrations", "events", "seconds"):
+                   "gave up", "preemptions", "migrations", "moved %", "events", "seconds"):
         main.add_column(column, justify="right")
     for r in reports:
         s = r.stats
         main.add_row(f"{r.load:g}", f"{r.offered_pct:.2f}", f"{r.allocated_pct:.2f}",
                      f"{r.idle_gpu_hours_while_waiting:.1f}", f"{100 * s.waiting_s / r.span_s:.2f}",
-                     str(s.arrivals), str(s.gave_up), str(s.preemptions), str(s.migrations), str(s.events),
+                     str(s.arrivals), str(s.gave_up), str(s.preemptions), str(s.migrations), f"{r.moved_pct:.2f}",
+                     str(s.events),
                      f"{s.seconds:.1f}")
     delays = Table(title="queueing delay of placed pods, per priority (seconds)")
     for column in ("load", "priority class", "value", "placed", "p50", "p99"):

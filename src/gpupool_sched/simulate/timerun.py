@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gpupool_sched.cache.state import ClusterState
+from gpupool_sched.framework.plugins.movers import DefragConfig
 from gpupool_sched.kube.nodes import NodeView
 from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragmentation_milli
 from gpupool_sched.placement.registry import build_policy
@@ -30,6 +31,7 @@ class TimeSettings:
     seed: int = 42
     policy: str = "gpupool"
     samples: int = 0  # points over time for the plot (0: none)
+    defrag: DefragConfig = field(default_factory=DefragConfig)  # consolidate: on, the scheduler's defaults
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,12 @@ class TimeReport:
     stats: TimeStats
     rate_per_s: float
     priorities: dict[str, int]  # PriorityClass -> value, of the classes the trace uses
+    defrag: DefragConfig = field(default_factory=DefragConfig)
+
+    @property
+    def moved_pct(self) -> float:
+        """Pods moved (migrations) as a share of the pods that arrived."""
+        return 100 * self.stats.migrations / self.stats.arrivals if self.stats.arrivals else 0.0
 
     @property
     def span_s(self) -> float:
@@ -80,7 +88,10 @@ class TimeReport:
             "waiting_pct_of_time": round(100 * s.waiting_s / self.span_s, 2),
             "mean_queue": round(s.queue_len_s / self.span_s, 2),
             "arrivals": s.arrivals, "placed": s.placed, "gave_up": s.gave_up, "preemptions": s.preemptions,
-            "preempting_pods": s.preemptors, "migrations": s.migrations, "prefilled": s.prefilled,
+            "preempting_pods": s.preemptors, "defrag": "on" if self.defrag.enabled else "off",
+            "defrag_after_s": self.defrag.after_s, "defrag_budget_per_hour": self.defrag.per_hour,
+            "migrations": s.migrations, "moved_pct_of_arrivals": round(self.moved_pct, 3),
+            "pods_moved_for": s.migrated_for, "replacements_misplaced": s.misplaced, "prefilled": s.prefilled,
             "prefill_dropped": s.prefill_dropped, "events": s.events,
             "priority_classes": self.priorities, "queueing_delay": self.delay_percentiles(),
             "seconds": round(s.seconds, 2), "placement_seconds": round(s.cycle_seconds, 2),
@@ -108,7 +119,7 @@ def run_load(trace: Trace, pods: Sequence[TimedPod], profile: WorkloadProfile, s
     capacity = trace.total_gpus
     rate = arrival_rate(pods, capacity, load)
     policy = build_policy(settings.policy, profile)
-    timeline = Timeline(node_views(trace), lambda: policy, seed=settings.seed)
+    timeline = Timeline(node_views(trace), lambda: policy, seed=settings.seed, defrag=settings.defrag)
     timeline.prefill(prefill(pods, rate, settings.horizon_s, rng))
 
     def fragmentation(state: ClusterState) -> float:
@@ -118,7 +129,7 @@ def run_load(trace: Trace, pods: Sequence[TimedPod], profile: WorkloadProfile, s
                          samples=settings.samples, fragmentation=fragmentation if settings.samples else None,
                          progress=progress)
     classes = {p.priority_class: p.request.priority for p in pods}
-    return TimeReport(settings.policy, trace.name, settings.seed, load, stats, rate, classes)
+    return TimeReport(settings.policy, trace.name, settings.seed, load, stats, rate, classes, settings.defrag)
 
 
 def workload_profile(trace: Trace) -> WorkloadProfile:

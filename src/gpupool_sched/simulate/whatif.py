@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     group.add_argument("--continue", dest="continue_pods", type=int, default=DEFAULT_CONTINUE, metavar="N",
                        help=f"then N synthetic pods drawn (--seed) from the recent mix (default {DEFAULT_CONTINUE})")
     group.add_argument("--defrag", choices=("on", "off"), default="on",
-                       help="the scheduler's --defrag: may pods move to make room (default on, as the scheduler)")
+                       help="the scheduler's --defrag: may pods move to make room (--from-cluster and --mode "
+                            "time; default on, as the scheduler)")
     group.add_argument("--candidate", action="append", default=[], metavar="FLAGS",
                        help="also a candidate configuration: the flags of `gpupool scheduler`, quoted as one "
                             "argument, e.g. --candidate='--policy fgd --defrag off' (repeatable; a row each)")

@@ -47,6 +47,7 @@ from gpupool_sched.placement.preemption import RunningPod
 log = logging.getLogger(__name__)
 
 RECREATING_KINDS = ("ReplicaSet", "StatefulSet")
+BUDGET_REFRESH_S = 30.0  # the default budget (1 % of running GPU pods) is recounted this often, not every tick
 JOBS = "/apis/batch/v1/jobs"
 DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition an eviction (the Eviction API) adds
 
@@ -110,6 +111,18 @@ class DefragConfig:
             raise ValueError(f"--defrag-max-movers must be at least 1, got {self.max_movers}")
         if self.per_hour is not None and self.per_hour < 0:
             raise ValueError(f"--defrag-budget must not be negative, got {self.per_hour}")
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What the consolidate action may move for a lone pod now (`Movers.offer`): the candidates (None:
+    nothing moves for it), at most how many, why nothing moves (None: no reason to tell), and whether it
+    may only look (`later`: it has not waited `after_s`; a move found then holds preemption back)."""
+
+    candidates: Callable[[], list[Movable]] | None = None
+    most: int | None = None
+    why_not: str | None = None
+    later: bool = False
 
 
 def tolerates_disruption(job: Mapping[str, Any]) -> bool:
@@ -254,6 +267,36 @@ class Movers:
         if self.budget_left() <= 0:
             return f"the defragmentation budget ({self.budget()} moves per hour) is spent"
         return None
+
+    def offer(self, waited_s: float, priority: int) -> Offer:
+        """What may move for a lone pod of `priority` that may preempt and has waited `waited_s`. Before
+        `after_s` the action only looks (and only when the budget has moves left and some pod could
+        move); after it, the budget and the cooldowns decide (`may_move_for`, `candidates`)."""
+        if not self.config.enabled:
+            return Offer()
+        most = min(self.config.max_movers, self.budget_left())
+        if waited_s < self.config.after_s:
+            if most <= 0 or not self.any_movable(priority):
+                return Offer()
+            return Offer(lambda: self.candidates(priority), most, None, True)
+        self.cooling_until = None  # what `candidates` leaves out for this pod, if it is asked
+        why = self.may_move_for(waited_s)
+        if why is not None:
+            return Offer(why_not=why)
+        return Offer(lambda: self.candidates(priority), most)
+
+    def wait_over_at(self, first_seen: float, priority: int) -> float | None:
+        """A lone pod that fits nowhere has not waited `after_s` yet (first seen at `first_seen`, the clock):
+        when to try it again, None when nothing could move for it at all."""
+        if self.config.enabled and self.any_movable(priority):
+            return first_seen + self.config.after_s
+        return None
+
+    def held_until(self) -> float | None:
+        """Nothing moved for a pod though pods may move for it: when pods the last `candidates` left out by
+        their cooldown may move again, or the spent budget allows a move again (the clock); None: neither."""
+        times = [t for t in (self.cooling_until, self.budget_frees_at()) if t is not None]
+        return min(times) if times else None
 
     def candidates(self, priority: int) -> list[Movable]:
         """Running pods that may move for a pod of `priority` (none of higher priority), at most as many
