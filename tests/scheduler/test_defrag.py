@@ -23,7 +23,8 @@ import pytest
 from gpupool_common.handshake import AllocationAck, ack_annotations
 from gpupool_sched.cache.entries import Phase
 from gpupool_sched.cache.reservations import reservation_uid, same_request
-from gpupool_sched.framework.plugins.movers import JOBS, DefragConfig
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig
+from gpupool_sched.framework.plugins.movers import JOBS
 from gpupool_sched.kube import migration_record
 from gpupool_sched.kube.kubeapi import DELETION_COST
 from gpupool_sched.scheduler.service import SchedulerConfig, SchedulerService

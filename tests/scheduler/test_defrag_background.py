@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpupool_sched.cache.reservations import reservation_uid
-from gpupool_sched.framework.plugins.movers import DefragConfig, in_window, parse_window
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig, in_window, parse_window
 from gpupool_sched.placement.background import free_gpus
 from gpupool_sched.scheduler.defrag import PURPOSE
 from gpupool_sched.scheduler.service import SchedulerService

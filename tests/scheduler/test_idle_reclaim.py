@@ -14,8 +14,9 @@ from typing import Any
 
 from gpupool_common.handshake import AllocationAck, ack_annotations
 from gpupool_common.idlepods import IDLE_PODS_ANNOTATION, idle_pods_annotation
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig
 from gpupool_sched.framework.plugins.idle import IdleReclaimConfig
-from gpupool_sched.framework.plugins.movers import JOBS, DefragConfig
+from gpupool_sched.framework.plugins.movers import JOBS
 from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
 from tests.support.apiserver import NODES, PODS, ApiServer, serving
 from tests.support.defrag_service import events, evictions, run_queue

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from gpupool_sched.cache.state import ClusterState
-from gpupool_sched.framework.plugins.movers import DefragConfig, Movers, movable_kind, tolerates_disruption
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig
+from gpupool_sched.framework.plugins.movers import Movers, movable_kind, tolerates_disruption
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets
 from tests.support.objects import bump, node_obj, pod_obj
 

@@ -12,7 +12,8 @@ import pytest
 from gpupool_sched.cache.entries import Phase
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.cycle import Cycle
-from gpupool_sched.framework.plugins.movers import DefragConfig, Movers
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig
+from gpupool_sched.framework.plugins.movers import Movers
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets
 from gpupool_sched.framework.statement import Statement
 from gpupool_sched.model.decision import Placement

@@ -9,7 +9,7 @@ import kopf
 import pytest
 from kubernetes import client
 
-from gpupool_sched.framework.plugins.movers import DefragConfig
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig
 from gpupool_sched.kube.kubeapi import KubeApi
 from gpupool_sched.kube.watch import NoDiffBase, build_registry
 from gpupool_sched.scheduler.elastic import ElasticConfig

@@ -5,7 +5,7 @@ defrag off it waits. The hourly budget holds with many blocked pods; runs are de
 
 from __future__ import annotations
 
-from gpupool_sched.framework.plugins.movers import DefragConfig
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig
 from gpupool_sched.kube.nodes import NodeView
 from gpupool_sched.model.cluster import GpuSpec, NodeSpec
 from gpupool_sched.model.request import PodRequest

@@ -15,7 +15,7 @@ from typing import Any
 from gpupool_common.handshake import AllocationAck, ack_annotations
 from gpupool_sched.cache.reservations import reservation_uid
 from gpupool_sched.cache.state import ClusterState
-from gpupool_sched.framework.plugins.movers import DefragConfig
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig
 from gpupool_sched.placement.registry import build_policy
 from gpupool_sched.scheduler.service import SchedulerService
 from gpupool_sched.simulate.lifetimes import TimedPod

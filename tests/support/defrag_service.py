@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpupool_common.handshake import AllocationAck, ack_annotations
-from gpupool_sched.framework.plugins.movers import JOBS, DefragConfig
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig
+from gpupool_sched.framework.plugins.movers import JOBS
 from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
 from tests.support.apiserver import NODES, PODS, ApiServer, serving
 from tests.support.objects import node_obj, pod_obj

@@ -149,7 +149,7 @@ def _duration(text: str) -> float:
 
 
 def _window(text: str) -> tuple[int, int]:
-    from gpupool_sched.framework.plugins.movers import parse_window
+    from gpupool_sched.framework.plugins.defrag_config import parse_window
 
     try:
         return parse_window(text)
@@ -176,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
 def scheduler_config(args: argparse.Namespace, identity: str) -> SchedulerConfig:
     """The service's configuration from the scheduler's flags (UserError: flags that do not go together).
     `gpupool simulate --from-cluster --candidate` builds its candidate configurations with it too."""
+    from gpupool_sched.framework.plugins.defrag_config import DefragConfig
     from gpupool_sched.framework.plugins.idle import IdleReclaimConfig
-    from gpupool_sched.framework.plugins.movers import DefragConfig
     from gpupool_sched.scheduler.elastic import ElasticConfig
     from gpupool_sched.scheduler.service import SchedulerConfig
 

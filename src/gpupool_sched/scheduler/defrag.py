@@ -20,7 +20,8 @@ from typing import Any
 from gpupool_sched.cache.reservations import Reservation
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.actions import background
-from gpupool_sched.framework.plugins.movers import BUDGET_REFRESH_S, DefragConfig, Movers, in_window
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig, in_window
+from gpupool_sched.framework.plugins.movers import BUDGET_REFRESH_S, Movers
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, SchedulingQueue
 from gpupool_sched.kube import migration_record

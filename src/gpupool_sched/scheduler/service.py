@@ -31,9 +31,10 @@ from gpupool_sched.cache.policy import PolicyCache
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.cache.sync import caches_ready, initial_sync, stop_syncing
 from gpupool_sched.framework.cycle import Cycle
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig
 from gpupool_sched.framework.plugins.gangs import PODGROUPS, Gangs
 from gpupool_sched.framework.plugins.idle import IdleReclaimConfig
-from gpupool_sched.framework.plugins.movers import DefragConfig, job_kind
+from gpupool_sched.framework.plugins.movers import job_kind
 from gpupool_sched.framework.plugins.quotas import QuotaBook, quota_kinds
 from gpupool_sched.framework.plugins.victims import DEFAULT_MAX_CHECKPOINT_GRACE_S, DisruptionBudgets
 from gpupool_sched.framework.queue import ClusterEvent, QueuedPod, QuotaFreed, SchedulingQueue

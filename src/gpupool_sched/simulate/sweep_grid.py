@@ -35,7 +35,7 @@ MAX_SEED = 2**63 - 1
 
 
 ARRIVALS_KNOBS = frozenset({"ratio", "sample_percentage", "sample_scan", "profile_source"})
-TIME_KNOBS = frozenset({"load", "days", "horizon_days", "patience_s", "samples"})
+TIME_KNOBS = frozenset({"load", "days", "horizon_days", "patience_s", "samples", "defrag"})
 
 
 class RunParameters(BaseModel):
@@ -56,6 +56,7 @@ class RunParameters(BaseModel):
     horizon_days: float = Field(default=7.0, gt=0, le=365, description="lifetimes capped at this many days")
     patience_s: float = Field(default=DEFAULT_PATIENCE_S, ge=0, le=10**8)
     samples: int = Field(default=0, ge=0, le=10_000, description="points of allocation and queue over time")
+    defrag: Literal["on", "off"] = "on"  # --defrag: the consolidate action, on by default as in the scheduler
 
     @model_validator(mode="after")
     def _knobs_of_its_mode(self) -> RunParameters:

@@ -15,7 +15,7 @@ from gpupool_sched.placement.registry import POLICIES
 from gpupool_sched.simulate.outputs import write_outputs
 
 if TYPE_CHECKING:
-    from gpupool_sched.framework.plugins.movers import DefragConfig
+    from gpupool_sched.framework.plugins.defrag_config import DefragConfig
 
 MODES = ("arrivals", "time")
 MAX_DAYS = 365.0
@@ -76,7 +76,7 @@ def _days(flag: str, value: float | None, default: float) -> float:
 def defrag_config(args: argparse.Namespace) -> DefragConfig:
     """The consolidate action's settings: the scheduler's defaults (framework/plugins/movers.py) but for
     the two time-mode flags."""
-    from gpupool_sched.framework.plugins.movers import DefragConfig
+    from gpupool_sched.framework.plugins.defrag_config import DefragConfig
 
     after = 60.0 if args.defrag_after is None else args.defrag_after
     if not (math.isfinite(after) and after >= 0):

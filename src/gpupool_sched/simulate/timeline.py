@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from gpupool_sched.cache.state import ClusterState
 from gpupool_sched.framework.cycle import Cycle, CycleResult
-from gpupool_sched.framework.plugins.movers import DefragConfig
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig
 from gpupool_sched.framework.plugins.victims import DisruptionBudgets, running_pods
 from gpupool_sched.kube.nodes import NodeView
 from gpupool_sched.kube.podinfo import PodInfo

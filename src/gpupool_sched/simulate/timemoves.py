@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 
 from gpupool_sched.cache.reservations import reservation_uid
 from gpupool_sched.framework.cycle import CycleResult
-from gpupool_sched.framework.plugins.movers import BUDGET_REFRESH_S, DefragConfig, Movers, Offer
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig
+from gpupool_sched.framework.plugins.movers import BUDGET_REFRESH_S, Movers, Offer
 from gpupool_sched.framework.session import drive
 from gpupool_sched.kube.podinfo import PodInfo
 from gpupool_sched.placement.preemption import RunningPod

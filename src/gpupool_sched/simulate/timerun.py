@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from gpupool_sched.cache.state import ClusterState
-from gpupool_sched.framework.plugins.movers import DefragConfig
+from gpupool_sched.framework.plugins.defrag_config import DefragConfig
 from gpupool_sched.kube.nodes import NodeView
 from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragmentation_milli
 from gpupool_sched.placement.registry import build_policy

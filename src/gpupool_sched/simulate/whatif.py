@@ -118,7 +118,7 @@ def _policy_items(value: str) -> list[str]:
 
 async def _what_if(api: Any, args: argparse.Namespace, wanted: list[str], candidates: list[tuple[str, Any]],
                    host: str) -> list[Any]:
-    from gpupool_sched.framework.plugins.movers import DefragConfig
+    from gpupool_sched.framework.plugins.defrag_config import DefragConfig
     from gpupool_sched.kube.connection import root_cause
     from gpupool_sched.kube.kubeapi import ApiError
     from gpupool_sched.scheduler.service import SchedulerConfig
