@@ -46,9 +46,9 @@ def measure(load: float, days: float, seed: int, defrag: bool = False) -> dict:
     }
 
 
-def deterministic(load: float, days: float, seed: int) -> bool:
+def deterministic(load: float, days: float, seed: int, defrag: bool = False) -> bool:
     trace = read_trace()
-    settings = TimeSettings((load,), days * DAY_S, seed=seed)
+    settings = TimeSettings((load,), days * DAY_S, seed=seed, defrag=DefragConfig(enabled=defrag))
     pods = trace_pods(trace, None, settings)
     profile = workload_profile(trace)
     runs = []
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             row = measure(load, args.days, args.seed, args.defrag == "on")
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    same = deterministic(1.0, 0.01, args.seed)
+    same = deterministic(1.0, 0.01, args.seed, args.defrag == "on")
     (args.out / "time.json").write_text(json.dumps({"runs": rows, "deterministic": same,
                                                     "target": {"events": TARGET_EVENTS, "seconds": TARGET_SECONDS}},
                                                    indent=1) + "\n")

@@ -11,10 +11,8 @@ Events are a heap of (time, sequence) so that runs are deterministic per seed. A
 when a departure (or a preemption) frees room on a node it could fit on by count (CPU, memory, GPUs with
 enough free milli of an accepted model): nothing else frees room, so a pod that fitted nowhere before
 cannot fit anywhere else now (kube-scheduler's queueing hints make the same argument). Waiting pods are
-retried by priority, then in arrival order; a retry runs the whole cycle (allocate, then preempt).
-
-With a `DefragConfig` that is on, the cycle also runs the consolidate action (migrations: timemoves.py,
-the service's `Movers` on the simulated clock).
+retried by priority, then in arrival order; a retry runs the whole cycle (allocate, then preempt). With
+a `DefragConfig` on, it also runs consolidate (migrations: timemoves.py, the service's `Movers`).
 """
 
 from __future__ import annotations
@@ -269,24 +267,26 @@ class Timeline:
         if self.record:
             self.decisions.append(Decision(self.now, job.pod.request.name, result.preemption.node, (),
                                            tuple(sorted(v.pod.request.name for v in victims))))
-        for victim in victims:
-            self.leave_job(victim)
-            # the watch's deletion: what the victim held becomes a hold for its preemptor
-            self.state.apply_pod(PodInfo.of({"metadata": {"uid": victim.plan.uid}}), deleted=True)
         node = result.preemption.node
-        again = self.cycle.schedule(job.plan, self.candidates_for(job))
-        self.stats.cycle_seconds += again.seconds
-        placed = again.statement is not None and bool(again.statement.placements)
-        if placed:
-            assert again.statement is not None
-            self.placed_job(job, again.statement.placements[0][1])
-        else:
-            self.state.end_nomination(job.plan.uid)  # never left holding room nobody takes
+        placed = self.evict_and_take(job, victims)
         for victim in victims:  # back to the queue, as their controller recreates them: a new pod, from scratch
             redo = self.new_job(victim.pod, self.now)
             self.enqueue_job(redo)
         self.retry_node(node)
         return placed
+
+    def evict_and_take(self, job: Job, evicted: Sequence[Job]) -> bool:
+        """`evicted` leave by the watch's deletion path (their room held for `job`); `job` takes it now: True."""
+        for gone in evicted:
+            self.leave_job(gone)
+            self.state.apply_pod(PodInfo.of({"metadata": {"uid": gone.plan.uid}}), deleted=True)
+        again = self.cycle.schedule(job.plan, self.candidates_for(job))
+        self.stats.cycle_seconds += again.seconds
+        if again.statement is not None and again.statement.placements:
+            self.placed_job(job, again.statement.placements[0][1])
+            return True
+        self.state.end_nomination(job.plan.uid)  # never left holding room nobody takes
+        return False
 
     def placed_job(self, job: Job, placement: Placement) -> None:
         if not job.moved:  # a replacement was placed (and its wait counted) as the pod it replaces

@@ -35,7 +35,6 @@ from gpupool_sched.framework.cycle import CycleResult
 from gpupool_sched.framework.plugins.defrag_config import DefragConfig
 from gpupool_sched.framework.plugins.movers import BUDGET_REFRESH_S, Movers, Offer
 from gpupool_sched.framework.session import drive
-from gpupool_sched.kube.podinfo import PodInfo
 from gpupool_sched.placement.preemption import RunningPod
 
 if TYPE_CHECKING:
@@ -159,17 +158,7 @@ class Moves:
         t.record_migration(job, migration.node, [(m, move.destination) for m, move in
                                                   zip(movers, migration.moves, strict=True)])
         remaining = [m.end - t.now for m in movers]
-        for mover in movers:  # evicted: the watch's deletion makes what each held a hold for the blocked pod
-            t.leave_job(mover)
-            t.state.apply_pod(PodInfo.of({"metadata": {"uid": mover.plan.uid}}), deleted=True)
-        again = t.cycle.schedule(job.plan, t.candidates_for(job))
-        t.stats.cycle_seconds += again.seconds
-        placed = again.statement is not None and bool(again.statement.placements)
-        if placed:
-            assert again.statement is not None
-            t.placed_job(job, again.statement.placements[0][1])
-        else:
-            t.state.end_nomination(job.plan.uid)  # never left holding room nobody takes
+        placed = t.evict_and_take(job, movers)  # the movers' room becomes holds for the blocked pod, taken now
         for mover, move, left in zip(movers, migration.moves, remaining, strict=True):
             # its ReplicaSet's replacement: same request and priority, the rest of the mover's lifetime
             redo = t.new_job(dataclasses.replace(mover.pod, lifetime_s=left), t.now, moved=True)
