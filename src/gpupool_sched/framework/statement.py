@@ -6,8 +6,9 @@ nomination and reserve destinations for movers. Each is applied to the cluster s
 the same decision see it, and recorded here:
   * `commit` settles what was released: a preemptor's own holds went with its placement (`assume` ends
     its nomination) or are accounted again; holds of less important preemptors are dropped on the nodes
-    this decision took or nominated a pod to (kube-scheduler clears lower nominations there) and
-    accounted again elsewhere.
+    this decision took or nominated a pod to and accounted again elsewhere. On a node it nominated a
+    preemptor to, kube-scheduler also clears those lower pods' nominatedNodeName: `displaced` names them
+    for the front end to do the same.
     A claimed reservation is dropped when its claimant was placed, else accounted again.
   * `discard` undoes everything: placements forgotten, victims spared, nominations ended, reservations
     made dropped, every released hold and claimed reservation accounted again.
@@ -51,6 +52,7 @@ class Statement:
         self._claimed: list[tuple[str, str]] = []  # (reservation, claimant UID) released for this decision
         self.reserved: list[str] = []  # reservations made (a migration's destinations)
         self.moving: list[tuple[str, str]] = []  # (background migration, mover) marked without a nomination
+        self.displaced: list[str] = []  # committed: lower nominations on a node this decision nominated a preemptor to
 
     def __enter__(self) -> Statement:
         return self
@@ -118,7 +120,8 @@ class Statement:
         self._check_open()
         placed = {plan.uid for plan, _ in self.placements}
         # kube-scheduler clears the nominations of lower-priority pods on a node it nominates a pod to
-        taken = {placement.node for _, placement in self.placements} | {p.node for _, p in self.evictions}
+        nominated_to = {p.node for _, p in self.evictions}
+        taken = {placement.node for _, placement in self.placements} | nominated_to
         for uid in self._own_released:
             if uid not in placed:
                 self.state.restore_holds(uid)
@@ -126,6 +129,8 @@ class Statement:
             nomination = self.state.nominations.get(uid)
             if nomination is not None and nomination.node in taken:
                 self.state.drop_holds(uid)  # that room went to the more important pod
+                if nomination.node in nominated_to:
+                    self.displaced.append(uid)
             else:
                 self.state.restore_holds(uid)
         for reservation, claimant in self._claimed:

@@ -174,6 +174,8 @@ class Scheduling:
             for item in job.items:
                 self.queue.backoff(item)
             return
+        if result.statement is not None and result.statement.displaced:
+            self._clear_displaced(result.statement.displaced)
         deferred = result.deferred if isinstance(result, CycleResult) else None
         if deferred is not None and self.defrag is not None:
             self.defrag.wait(job.plans[0].uid, job.items[0].first_seen, job.priority)
@@ -233,6 +235,15 @@ class Scheduling:
             self.gangs.scheduled(job.key)
             log.info("PodGroup %s: %d member(s) placed together on %s", job.key, len(bound),
                      ", ".join(sorted({p.node for _, p in placements})))
+
+    def _clear_displaced(self, uids: list[str]) -> None:
+        """Lower nominations whose held room this decision took: their nominatedNodeName is cleared, as
+        kube-scheduler clears those of lower pods on the node it nominates a preemptor to. The nomination
+        itself stays while its victims terminate (`ClusterState.drop_holds`)."""
+        for uid in uids:
+            if (nomination := self.state.nominations.get(uid)) is not None:
+                namespace, _, name = nomination.key.partition("/")
+                self.preemptor.clear(namespace, name)
 
     def _loans(self, job: Job, preempts: bool) -> tuple[Callable[[], list[RunningPod]] | None, bool]:
         """Elastic inference: (the borrowed replicas the job may take back, whether it may still preempt).
