@@ -29,7 +29,7 @@ simulate: $(VPY) ## main job: replay the bundled Alibaba trace with every policy
 test: $(VPY) cluster-bins ## lint + types + every test, e2e included (builds/starts the local control plane)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q --durations=30  # the slowest tests, to keep CI under its time budget
 
 test-unit: $(VPY) ## tests that need no control plane
 	$(VPY) -m pytest -q -m 'not e2e'
