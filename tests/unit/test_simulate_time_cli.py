@@ -73,6 +73,26 @@ def test_defrag_off_moves_nothing_and_the_budget_is_reported(tmp_path: Path, fil
     assert (on["defrag"], on["defrag_after_s"], on["defrag_budget_per_hour"]) == ("on", 30.0, 5)
 
 
+def test_gangs_are_reported_beside_the_pods(tmp_path: Path, files: tuple[Path, Path, Path],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, timed, _ = files
+    common = ["simulate", "--mode", "time", "--nodes", str(nodes), "--pods", str(timed), "--load", "1.0",
+              "--days", "0.2", "--horizon", "1", "--defrag", "off"]
+    assert main([*common, "--json", str(tmp_path / "lone.json")]) == 0
+    assert "gangs (--gangs" not in capsys.readouterr().out
+    assert main([*common, "--gangs", "1:2", "--json", str(tmp_path / "gangs.json")]) == 0
+    assert "gangs (--gangs 1:2" in capsys.readouterr().out
+    [lone] = json.loads((tmp_path / "lone.json").read_text())
+    [ganged] = json.loads((tmp_path / "gangs.json").read_text())
+    assert "gangs" not in lone
+    gangs = ganged["gangs"]
+    assert (gangs["share"], gangs["size"]) == (1.0, 2) and gangs["arrived"] > 0
+    assert gangs["placed"] + gangs["gave_up"] <= gangs["arrived"]
+    assert set(gangs["queueing_delay"]) == {"placed", "p50_s", "p99_s"}
+    # every 2-GPU arrival is a gang of two: the rate is lowered so that the offered load stays
+    assert ganged["arrival_rate_per_s"] < lone["arrival_rate_per_s"]
+
+
 def test_the_arrivals_replay_is_unchanged_by_default(files: tuple[Path, Path, Path],
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     nodes, timed, _ = files
@@ -98,6 +118,12 @@ def test_the_arrivals_replay_is_unchanged_by_default(files: tuple[Path, Path, Pa
     (["--mode", "time", "--defrag-after", "-1"], "--defrag-after must be a non-negative number of seconds, got -1"),
     (["--mode", "time", "--defrag-budget", "-1"], "--defrag-budget must not be negative, got -1"),
     (["--mode", "time", "--from-cluster"], "--from-cluster decides the live cluster's pending pods once; it has no"),
+    (["--gangs", "0.5:4"], "--gangs is for --mode time"),
+    (["--mode", "time", "--gangs", "0.5"], "--gangs '0.5': expected SHARE:SIZE, e.g. 0.5:4"),
+    (["--mode", "time", "--gangs", "0:4"], "--gangs '0:4': SHARE must be in (0, 1], got 0"),
+    (["--mode", "time", "--gangs", "x:4"], "--gangs 'x:4': SHARE 'x' is not a number"),
+    (["--mode", "time", "--gangs", "0.5:1"], "--gangs '0.5:1': SIZE must be in 2..64, got 1"),
+    (["--mode", "time", "--gangs", "0.5:2.5"], "--gangs '0.5:2.5': SIZE '2.5' is not an integer"),
 ])
 def test_bad_time_flags_give_one_line_and_exit_2(files: tuple[Path, Path, Path], args: list[str], message: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:

@@ -285,3 +285,20 @@ def test_each_mode_takes_its_own_knobs(tmp_path: Path, capsys: pytest.CaptureFix
         path = write_grid(tmp_path, dict(SMALL, parameters=parameters))
         assert sweep_cli(tmp_path, path) == 2
         assert message in capsys.readouterr().err
+
+
+def test_a_time_sweep_takes_gangs_as_simulate_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = load_grid(time_grid(tmp_path, load=[1.3], gangs=["0.50:2"]), None, "0.1.0").runs
+    assert [r.parameters.gangs for r in runs] == ["0.5:2"]  # one spelling, so one key
+    [result] = [json.loads(run_one(r).result_json)["result"] for r in runs]
+    assert main(["simulate", "--mode", "time", "--nodes", str(tmp_path / "nodes.csv"), "--pods",
+                 str(tmp_path / "timed.csv"), "--load", "1.3", "--days", "0.5", "--horizon", "1", "--seed", "3",
+                 "--gangs", "0.5:2", "--json", str(tmp_path / "direct.json")]) == 0
+    [direct] = json.loads((tmp_path / "direct.json").read_text())
+    for wall in ("seconds", "placement_seconds"):
+        direct.pop(wall)
+    assert result == direct and result["gangs"]["arrived"] > 0
+    for gangs, message in ((1.8, "write SHARE:SIZE as a quoted string"), ("2:4", "SHARE must be in (0, 1]")):
+        path = write_grid(tmp_path, dict(SMALL, parameters={"mode": "time", "gangs": gangs}))
+        assert sweep_cli(tmp_path, path) == 2
+        assert message in capsys.readouterr().err

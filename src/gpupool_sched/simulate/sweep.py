@@ -81,12 +81,14 @@ def run_one(config: RunConfig) -> RunOutput:
 def _time_result(config: RunConfig) -> dict[str, Any]:
     """One run of the simulator in time (timerun.py, as `--mode time` runs one load), wall times left out."""
     from gpupool_sched.framework.plugins.defrag_config import DefragConfig
+    from gpupool_sched.simulate.timegangs import GangSpec
     from gpupool_sched.simulate.timerun import DAY_S, TimeSettings, run_load, trace_pods, workload_profile
 
     p = config.parameters
     trace = _trace(config.trace)
     settings = TimeSettings((p.load,), p.days * DAY_S, p.horizon_days * DAY_S, p.patience_s, config.seed,
-                            config.policy, p.samples, DefragConfig(enabled=p.defrag == "on"))
+                            config.policy, p.samples, DefragConfig(enabled=p.defrag == "on"),
+                            None if p.gangs is None else GangSpec.parse(p.gangs))
     pods = trace_pods(trace, config.trace.paths()[1], settings)
     result = run_load(trace, pods, workload_profile(trace), settings, p.load).json()
     for wall in ("seconds", "placement_seconds"):

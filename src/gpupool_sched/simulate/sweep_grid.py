@@ -35,7 +35,7 @@ MAX_SEED = 2**63 - 1
 
 
 ARRIVALS_KNOBS = frozenset({"ratio", "sample_percentage", "sample_scan", "profile_source"})
-TIME_KNOBS = frozenset({"load", "days", "horizon_days", "patience_s", "samples", "defrag"})
+TIME_KNOBS = frozenset({"load", "days", "horizon_days", "patience_s", "samples", "defrag", "gangs"})
 
 
 class RunParameters(BaseModel):
@@ -57,6 +57,20 @@ class RunParameters(BaseModel):
     patience_s: float = Field(default=DEFAULT_PATIENCE_S, ge=0, le=10**8)
     samples: int = Field(default=0, ge=0, le=10_000, description="points of allocation and queue over time")
     defrag: Literal["on", "off"] = "on"  # --defrag: the consolidate action, on by default as in the scheduler
+    gangs: str | None = None  # --gangs SHARE:SIZE (simulate/timegangs.py); None: no gangs
+
+    @field_validator("gangs", mode="before")
+    @classmethod
+    def _gang_spec(cls, value: Any) -> str | None:
+        """SHARE:SIZE as --gangs takes it, kept in one spelling ('0.50:4' is '0.5:4'). YAML reads an unquoted
+        1:8 as a number (base 60), so anything but a string is refused with a hint."""
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ValueError(f"gangs: write SHARE:SIZE as a quoted string, e.g. '0.5:4' (got {value!r})")
+        from gpupool_sched.simulate.timegangs import GangSpec
+
+        return str(GangSpec.parse(value))
 
     @model_validator(mode="after")
     def _knobs_of_its_mode(self) -> RunParameters:

@@ -16,12 +16,13 @@ from gpupool_sched.simulate.outputs import write_outputs
 
 if TYPE_CHECKING:
     from gpupool_sched.framework.plugins.defrag_config import DefragConfig
+    from gpupool_sched.simulate.timegangs import GangSpec
 
 MODES = ("arrivals", "time")
 MAX_DAYS = 365.0
 MAX_PATIENCE_S = 10**8
 DEFAULT_LOADS = "0.8,1.0,1.2"
-TIME_FLAGS = ("load", "days", "horizon", "patience", "defrag_after", "defrag_budget")
+TIME_FLAGS = ("load", "days", "horizon", "patience", "defrag_after", "defrag_budget", "gangs")
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -49,6 +50,10 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     group.add_argument("--defrag-budget", type=int, metavar="MOVES",
                        help="with --defrag on: moves per hour cluster-wide (default 1 %% of the running GPU pods, at "
                        "least 1, as the scheduler's --defrag-budget)")
+    group.add_argument("--gangs", metavar="SHARE:SIZE",
+                       help="SHARE (0..1] of the arrivals asking for 2 or more GPUs arrive as a gang of SIZE such "
+                       "pods (a PodGroup, minMember SIZE: placed all together or not at all, leaving together); "
+                       "the offered load stays --load (default: no gangs)")
 
 
 def parse_loads(value: str) -> tuple[float, ...]:
@@ -84,6 +89,18 @@ def defrag_config(args: argparse.Namespace) -> DefragConfig:
     if args.defrag_budget is not None and args.defrag_budget < 0:
         raise UserError(f"--defrag-budget must not be negative, got {args.defrag_budget}")
     return DefragConfig(enabled=args.defrag == "on", after_s=after, per_hour=args.defrag_budget)
+
+
+def gang_spec(args: argparse.Namespace) -> GangSpec | None:
+    """--gangs SHARE:SIZE, checked (None: no gangs)."""
+    if args.gangs is None:
+        return None
+    from gpupool_sched.simulate.timegangs import GangSpec, GangSpecError
+
+    try:
+        return GangSpec.parse(args.gangs)
+    except GangSpecError as exc:
+        raise UserError(str(exc)) from None
 
 
 def check_time_arguments(args: argparse.Namespace) -> tuple[str, tuple[float, ...], float, float, float]:
@@ -149,7 +166,7 @@ def run_time_mode(args: argparse.Namespace) -> int:
     if (args.nodes is None) != (args.pods is None):
         raise UserError("give both --nodes and --pods, or neither (the bundled openb default trace)")
     settings = TimeSettings(loads, days * DAY_S, horizon * DAY_S, patience, args.seed, policy,
-                            samples=200 if args.plot else 0, defrag=defrag_config(args))
+                            samples=200 if args.plot else 0, defrag=defrag_config(args), gangs=gang_spec(args))
     try:
         trace = read_trace(args.nodes, args.pods, extra_models=args.gpu_model)
         pods = trace_pods(trace, args.pods, settings)

@@ -12,7 +12,9 @@ when a departure (or a preemption) frees room on a node it could fit on by count
 enough free milli of an accepted model): nothing else frees room, so a pod that fitted nowhere before
 cannot fit anywhere else now (kube-scheduler's queueing hints make the same argument). Waiting pods are
 retried by priority, then in arrival order; a retry runs the whole cycle (allocate, then preempt). With
-a `DefragConfig` on, it also runs consolidate (migrations: timemoves.py, the service's `Movers`).
+a `DefragConfig` on, it also runs consolidate (migrations: timemoves.py, the service's `Movers`). A waiting
+gang (timegangs.py) is retried by the same rule when one of its members could fit on the freed node by count
+(a gang that now fits must use the freed room), ranked with the pods by priority, then arrival.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from gpupool_sched.model.decision import Placement
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.preemption import RunningPod
 from gpupool_sched.simulate.lifetimes import TimedPod
+from gpupool_sched.simulate.timegangs import Gang, TimeGangs
 from gpupool_sched.simulate.timemoves import EPOCH, Moves, owner_of
+from gpupool_sched.simulate.timerecord import Decision, Sample
 
 ARRIVE, DEPART, GIVE_UP, SAMPLE, CALL = 0, 1, 2, 3, 4
 GroupKey = tuple[int, int, int, int, int, frozenset[str]]  # (-priority, cpu, memory, GPUs, milli, models)
@@ -55,27 +59,7 @@ class Job:
     end: float = 0.0  # when it leaves, while running
     started: float = 0.0
     moved: bool = False  # a migrated pod's replacement (not counted as placed again)
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What the cycle did for a pod at `time`: placed it (node, GPUs), evicted `victims` (pod names) for it,
-    or moved pods for it to make room on `node` (`moved`: each mover's name, destination node and GPUs)."""
-
-    time: float
-    pod: str
-    node: str
-    gpus: tuple[int, ...]
-    victims: tuple[str, ...] = ()
-    moved: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
-
-
-@dataclass
-class Sample:
-    time: float
-    allocated_pct: float
-    queue: int
-    fragmented_pct: float | None
+    gang: Gang | None = None  # the synthetic gang it is a member of (timegangs.py)
 
 
 @dataclass
@@ -140,6 +124,7 @@ class Timeline:
         self._last = 0.0
         self._arrivals: Arrivals | None = None
         self.moves = Moves(self, defrag) if defrag is not None and defrag.enabled else None
+        self.gangs: TimeGangs | None = None  # synthetic gangs (timegangs.py; --gangs)
 
     # ---- events ----------------------------------------------------------------------------------
     def _push(self, at: float, kind: int, what: object) -> None:
@@ -269,17 +254,26 @@ class Timeline:
                                            tuple(sorted(v.pod.request.name for v in victims))))
         node = result.preemption.node
         placed = self.evict_and_take(job, victims)
-        for victim in victims:  # back to the queue, as their controller recreates them: a new pod, from scratch
-            redo = self.new_job(victim.pod, self.now)
-            self.enqueue_job(redo)
+        self.requeue(victims)
         self.retry_node(node)
         return placed
 
-    def evict_and_take(self, job: Job, evicted: Sequence[Job]) -> bool:
-        """`evicted` leave by the watch's deletion path (their room held for `job`); `job` takes it now: True."""
+    def requeue(self, evicted: Sequence[Job]) -> None:
+        """Back to the queue, as their controller recreates them: a new pod, from scratch (a gang member rejoins
+        its gang: timegangs.py)."""
+        for victim in evicted:
+            if self.gangs is None or not self.gangs.rejoin(victim):
+                self.enqueue_job(self.new_job(victim.pod, self.now))
+
+    def evict(self, evicted: Sequence[Job]) -> None:
+        """`evicted` leave by the watch's deletion path (their room becomes holds for those they were evicted for)."""
         for gone in evicted:
             self.leave_job(gone)
             self.state.apply_pod(PodInfo.of({"metadata": {"uid": gone.plan.uid}}), deleted=True)
+
+    def evict_and_take(self, job: Job, evicted: Sequence[Job]) -> bool:
+        """`evicted` leave by the watch's deletion path (their room held for `job`); `job` takes it now: True."""
+        self.evict(evicted)
         again = self.cycle.schedule(job.plan, self.candidates_for(job))
         self.stats.cycle_seconds += again.seconds
         if again.statement is not None and again.statement.placements:
@@ -362,7 +356,7 @@ class Timeline:
         if row is None:
             return
         spec = self.state.nodes[node].spec
-        failed: set[GroupKey] = set()
+        failed: set[object] = set()  # groups (GroupKey) and gangs that did not fit
         while True:
             cpu, mem = int(snapshot.cpu_free[row]), int(snapshot.mem_free[row])
             free = [(int(snapshot.free_milli[row, j]), g.model) for j, g in enumerate(spec.gpus)
@@ -379,6 +373,11 @@ class Timeline:
                 head = next(iter(group.values()))
                 if best is None or (key[0], head.seq) < (self._group(best)[0], best.seq):
                     best = head
+            gang = None if self.gangs is None else self.gangs.head(cpu, mem, free, failed)
+            if gang is not None and (best is None or gang.rank < (self._group(best)[0], best.seq)):
+                if not gang.retry():
+                    failed.add(gang)
+                continue
             if best is None:
                 return
             self.dequeue_job(best)

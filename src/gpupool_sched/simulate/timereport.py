@@ -39,7 +39,29 @@ def render_time_tables(reports: Sequence[TimeReport]) -> list[Table]:
         for cls, d in r.delay_percentiles().items():
             delays.add_row(f"{r.load:g}", cls, str(r.priorities[cls]), str(d["placed"]), f"{d['p50_s']:.1f}",
                            f"{d['p99_s']:.1f}")
-    return [main, delays]
+    return [main, delays] + ([gang_table(reports)] if first.gang_spec is not None else [])
+
+
+def gang_table(reports: Sequence[TimeReport]) -> Table:
+    """Gangs per load: how many arrived, were placed whole, gave up, and their wait (arrival to placed whole)."""
+    spec = reports[0].gang_spec
+    table = Table(title=f"gangs (--gangs {spec}: PodGroups of that many pods, all or nothing)",
+                  caption="delay: arrival to placed whole, seconds; members preempted: evicted by a preemption "
+                          "(each rejoins its gang unless the gang ended first); gangs arrived but neither placed nor "
+                          "given up still wait at the end")
+    for column in ("load", "arrived", "placed", "gave up", "preempting", "members preempted", "delay p50",
+                   "delay p99"):
+        table.add_column(column, justify="right")
+    for r in reports:
+        if r.gangs is None or r.gang_spec is None:
+            continue
+        g = r.gangs.json(r.gang_spec)
+        d = g["queueing_delay"]
+        assert isinstance(d, dict)
+        table.add_row(f"{r.load:g}", str(g["arrived"]), str(g["placed"]), str(g["gave_up"]),
+                      str(g["preempting_gangs"]), str(g["members_preempted"]), f"{d['p50_s']:.1f}",
+                      f"{d['p99_s']:.1f}")
+    return table
 
 
 def plot_time(reports: Sequence[TimeReport], out: Path) -> Path:

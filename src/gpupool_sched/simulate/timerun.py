@@ -16,6 +16,7 @@ from gpupool_sched.placement.fragmentation import WorkloadProfile, cluster_fragm
 from gpupool_sched.placement.registry import build_policy
 from gpupool_sched.simulate.lifetimes import DEFAULT_PATIENCE_S, TimedPod, read_pod_times, timed_pods
 from gpupool_sched.simulate.pacing import arrival_rate, poisson_arrivals, prefill
+from gpupool_sched.simulate.timegangs import GangSpec, GangStats, TimeGangs
 from gpupool_sched.simulate.timeline import Timeline, TimeStats
 from gpupool_sched.simulate.trace import BUNDLED_PODS, Trace, bundled_path
 
@@ -32,6 +33,7 @@ class TimeSettings:
     policy: str = "gpupool"
     samples: int = 0  # points over time for the plot (0: none)
     defrag: DefragConfig = field(default_factory=DefragConfig)  # consolidate: on, the scheduler's defaults
+    gangs: GangSpec | None = None  # synthetic gangs (timegangs.py); None: every arrival is a lone pod
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class TimeReport:
     rate_per_s: float
     priorities: dict[str, int]  # PriorityClass -> value, of the classes the trace uses
     defrag: DefragConfig = field(default_factory=DefragConfig)
+    gang_spec: GangSpec | None = None
+    gangs: GangStats | None = None  # with gang_spec: what became of the gangs
 
     @property
     def moved_pct(self) -> float:
@@ -78,6 +82,12 @@ class TimeReport:
         return out
 
     def json(self) -> dict[str, Any]:
+        out = self._json()
+        if self.gang_spec is not None and self.gangs is not None:
+            out["gangs"] = self.gangs.json(self.gang_spec)
+        return out
+
+    def _json(self) -> dict[str, Any]:
         s = self.stats
         return {
             "mode": "time", "policy": self.policy, "trace": self.trace, "seed": self.seed, "load": self.load,
@@ -114,22 +124,31 @@ def trace_pods(trace: Trace, pods_path: Path | None, settings: TimeSettings) -> 
 
 def run_load(trace: Trace, pods: Sequence[TimedPod], profile: WorkloadProfile, settings: TimeSettings,
              load: float, progress: Callable[[float], None] | None = None) -> TimeReport:
-    """One run at `load`: the pre-fill, then `settings.duration_s` of Poisson arrivals (one seed stream)."""
-    rng = np.random.default_rng([settings.seed, round(load * 1_000_000)])
+    """One run at `load`: the pre-fill, then `settings.duration_s` of Poisson arrivals (one seed stream; with
+    `settings.gangs`, a second one picks the gangs, and the rate is lowered so that the offered load stays)."""
+    key = [settings.seed, round(load * 1_000_000)]
+    rng = np.random.default_rng(key)
     capacity = trace.total_gpus
     rate = arrival_rate(pods, capacity, load)
     policy = build_policy(settings.policy, profile)
     timeline = Timeline(node_views(trace), lambda: policy, seed=settings.seed, defrag=settings.defrag)
     timeline.prefill(prefill(pods, rate, settings.horizon_s, rng))
+    gangs = None if settings.gangs is None else TimeGangs(timeline, settings.gangs)
+    if gangs is not None:
+        rate /= gangs.spec.load_factor(pods)
+        arrivals = gangs.arrivals(poisson_arrivals(pods, rate, rng, 0.0, settings.duration_s),
+                                  np.random.default_rng([*key, 1]))
+    else:
+        arrivals = poisson_arrivals(pods, rate, rng, 0.0, settings.duration_s)
 
     def fragmentation(state: ClusterState) -> float:
         return cluster_fragmentation_milli(state.snapshot, profile)
 
-    stats = timeline.run(poisson_arrivals(pods, rate, rng, 0.0, settings.duration_s), settings.duration_s,
-                         samples=settings.samples, fragmentation=fragmentation if settings.samples else None,
-                         progress=progress)
+    stats = timeline.run(arrivals, settings.duration_s, samples=settings.samples,
+                         fragmentation=fragmentation if settings.samples else None, progress=progress)
     classes = {p.priority_class: p.request.priority for p in pods}
-    return TimeReport(settings.policy, trace.name, settings.seed, load, stats, rate, classes, settings.defrag)
+    return TimeReport(settings.policy, trace.name, settings.seed, load, stats, rate, classes, settings.defrag,
+                      settings.gangs, None if gangs is None else gangs.stats)
 
 
 def workload_profile(trace: Trace) -> WorkloadProfile:
