@@ -127,3 +127,36 @@ def test_caches_on_a_snapshot_follow_the_profile_not_its_id():
         profile = WorkloadProfile((TaskClass(1000, milli, 1, frozenset(), 1),))
         assert cluster_fragmentation_milli(snap, profile) == expected
         del profile  # the next profile may reuse the freed object's id
+
+
+def test_a_copy_carries_per_node_fragmentation_that_stays_right_on_both_sides():
+    """`ClusterSnapshot.copy` takes the compiled model and the per-node values along (preemption's copies
+    score without recomputing every node): after changes on either side, and a node added to the copy,
+    both still answer what a direct computation answers, and the copy worked on the changed rows only."""
+    profile = WorkloadProfile((TaskClass(2000, 1000, 1, frozenset(), 3), TaskClass(2000, 400, 1, frozenset({"T4"}), 2)))
+    specs = [NodeSpec(f"n{i}", 16_000, 64_000, tuple(GpuSpec(j, MODELS[i % 2]) for j in range(4))) for i in range(6)]
+    snap = ClusterSnapshot(specs)
+    snap.assume(PodRequest(name="a", cpu_milli=2000, gpu_count=1, gpu_milli=400), Placement("n0", (1,), 400))
+    node_fragmentation(snap, profile)  # computed (and cached) before the copy
+
+    def direct(s: ClusterSnapshot) -> np.ndarray:
+        return fragmentation_model(s, profile).frag(s.free_milli, s.cpu_free, np.arange(len(s)))
+
+    other = snap.copy()
+    worked: list[int] = []
+    model = fragmentation_model(other, profile)
+    real = model.frag
+
+    def counted(free: np.ndarray, cpu: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        worked.append(len(nodes))
+        return real(free, cpu, nodes)
+
+    model.frag = counted  # type: ignore[method-assign]  # the carried model: shared, so counted on both sides
+    other.assume(PodRequest(name="b", cpu_milli=9000, gpu_count=2, gpu_milli=1000), Placement("n3", (0, 2), 1000))
+    snap.release(PodRequest(name="a", cpu_milli=2000, gpu_count=1, gpu_milli=400), Placement("n0", (1,), 400))
+    assert np.array_equal(node_fragmentation(other, profile), real(other.free_milli, other.cpu_free, np.arange(6)))
+    assert worked == [1]  # n3 only: the others came with the copy
+    assert np.array_equal(node_fragmentation(snap, profile), direct(snap))
+    model.frag = real  # type: ignore[method-assign]
+    other.upsert_node(NodeSpec("n6", 16_000, 64_000, (GpuSpec(0, "T4"),)))  # a new node set: nothing carried is used
+    assert np.array_equal(node_fragmentation(other, profile), direct(other))

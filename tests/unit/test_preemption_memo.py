@@ -114,3 +114,17 @@ def test_another_policy_or_priority_does_not_use_the_entries() -> None:
     for policy in (BEST_FIT, gpupool, BEST_FIT):
         for priority in (1, 2, HIGH):
             assert plan(c, gpus(2), memo, policy, priority) == plan(c, gpus(2), None, policy, priority)
+
+
+def test_a_kept_plan_is_ranked_at_the_nodes_tie_rank_of_now() -> None:
+    """A node's plan keeps its ranking (victims, violations: final once stored) but not its tie rank:
+    the tie order may change between plans without any row changing, and the memo's plans are ranked again."""
+    c = Cluster([gpu_node("a", 1), gpu_node("b", 1)])
+    c.whole("on-a", "a", [0], priority=1, start=5.0)
+    c.whole("on-b", "b", [0], priority=1, start=5.0)
+    memo = PreemptionMemo()
+    first = plan(c, gpus(1), memo)
+    assert first is not None and first.node == "a"  # equal plans: the tie order (names) decides
+    c.snap.set_tie_order(["2", "1"])  # now b first; no row version changes, so both plans come from the memo
+    again = plan(c, replace(gpus(1), name="another"), memo)
+    assert again == plan(c, gpus(1), None) and again is not None and again.node == "b"

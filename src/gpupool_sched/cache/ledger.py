@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gpupool_sched.cache.reservations import Reservation
 
 log = logging.getLogger(__name__)
+_LIVE = (Phase.BOUND, Phase.CONFIRMED)  # the phases of a pod that runs (an eviction candidate)
 
 
 class Ledger:
@@ -113,9 +114,8 @@ class Ledger:
         else:
             entries = itertools.chain.from_iterable(
                 bucket.values() for p, bucket in self._accounted.items() if p < below)
-        for entry in entries:
-            if entry.phase in (Phase.BOUND, Phase.CONFIRMED) and entry.applied and entry.evicting_for is None:
-                yield entry
+        # a list built in one comprehension, not a generator: preemption reads thousands per plan
+        return iter([e for e in entries if e.phase in _LIVE and e.applied and e.evicting_for is None])
 
     def mark_bound(self, uid: str) -> None:
         entry = self.pods.get(uid)

@@ -39,13 +39,12 @@ from gpupool_sched.model.request import MILLI, PodRequest
 from gpupool_sched.placement.candidates import CandidateBudget, start_offset
 from gpupool_sched.placement.decide import decide
 from gpupool_sched.placement.framework import Policy
+from gpupool_sched.placement.nodeaffinity import pinned, with_requirement
 from gpupool_sched.placement.preemption import (
     RunningPod,
     _bound,
     fit_mask,
     mig_slice_milli,
-    pinned,
-    with_requirement,
 )
 
 DEFAULT_MAX_MOVERS = 16

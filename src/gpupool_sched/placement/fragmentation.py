@@ -177,20 +177,36 @@ class FragmentationModel:
         )
 
 
-def cached_for_profile(snapshot: ClusterSnapshot, kind: str, profile: WorkloadProfile, build: Callable[[], T]) -> T:
+def cached_for_profile(snapshot: ClusterSnapshot, kind: str, profile: WorkloadProfile, build: Callable[[], T],
+                       carry: Callable[[T], T] | None = None) -> T:
     """Derived data of ``snapshot`` for ``profile``, cached on the snapshot. Keyed by the profile's
-    identity and checked against it, so a new profile never inherits a freed one's cache."""
+    identity and checked against it, so a new profile never inherits a freed one's cache. ``carry``: a
+    copy of the snapshot starts from ``carry(value)`` (``ClusterSnapshot.carried``) instead of nothing."""
     key = (kind, id(profile))
     entry = snapshot.caches.get(key)
     if not isinstance(entry, tuple) or entry[0] is not profile:
         entry = (profile, build())
         snapshot.caches[key] = entry
+        if carry is not None:
+            snapshot.carried[key] = lambda kept: (kept[0], carry(kept[1]))
     return entry[1]  # type: ignore[no-any-return]
+
+
+def _same(value: T) -> T:
+    """What a copy carries of data that depends on the node set only (never changed in place): itself."""
+    return value
+
+
+def _rows_copy(value: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """What a copy carries of per-row values checked against row versions: its own copy of both arrays
+    (each snapshot updates them in place; a version is never reused, so a carried value stays right)."""
+    return value[0].copy(), value[1].copy()
 
 
 def fragmentation_model(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> FragmentationModel:
     """The compiled model for this snapshot, cached on it."""
-    return cached_for_profile(snapshot, "fragmentation-model", profile, lambda: FragmentationModel(profile, snapshot))
+    return cached_for_profile(snapshot, "fragmentation-model", profile, lambda: FragmentationModel(profile, snapshot),
+                              _same)
 
 
 def node_fragmentation(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> np.ndarray:
@@ -201,6 +217,7 @@ def node_fragmentation(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> n
         "node-fragmentation",
         profile,
         lambda: (np.full(len(snapshot), -1, dtype=np.int64), np.zeros(len(snapshot), dtype=np.int64)),
+        _rows_copy,
     )
     stale = np.flatnonzero(versions != snapshot.version)
     if stale.size:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from dataclasses import replace
 
 import numpy as np
 
 from gpupool_sched.model.cluster import ClusterSnapshot
-from gpupool_sched.model.constraints import UNSCHEDULABLE_TAINT, NodeConstraints, Requirement
+from gpupool_sched.model.constraints import NODE_NAME_FIELD, UNSCHEDULABLE_TAINT, NodeConstraints, Requirement
 from gpupool_sched.model.node import NodeSignature
 from gpupool_sched.model.request import PodRequest
 from gpupool_sched.placement.framework import CycleState, FilterPlugin
@@ -198,3 +199,17 @@ class TaintToleration(FilterPlugin):
 
     def reason(self, request: PodRequest) -> str:
         return "node(s) had untolerated taint(s)"
+
+
+def with_requirement(request: PodRequest, requirement: Requirement) -> PodRequest:
+    """``request`` with ``requirement`` ANDed into every affinity term (its own selector, affinity and
+    tolerations still apply); empty terms stay empty (they match nothing)."""
+    c = constraints_of(request)
+    terms = (tuple((*term, requirement) if term else term for term in c.affinity_terms) if c.affinity_terms
+             else ((requirement,),))
+    return replace(request, constraints=replace(c, affinity_terms=terms))
+
+
+def pinned(request: PodRequest, node: str) -> PodRequest:
+    """``request`` restricted to ``node`` (a node-name requirement, `with_requirement`)."""
+    return with_requirement(request, Requirement(NODE_NAME_FIELD, "In", (node,)))

@@ -48,12 +48,11 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from gpupool_sched.model.cluster import ClusterSnapshot, GpuSpec, NodeSpec
-from gpupool_sched.model.constraints import NODE_NAME_FIELD, Requirement
 from gpupool_sched.model.decision import Placement
 from gpupool_sched.model.request import MILLI, PodRequest
 from gpupool_sched.placement.candidates import CandidateBudget, start_offset
@@ -64,6 +63,7 @@ from gpupool_sched.placement.nodeaffinity import (
     affinity_mask,
     constraints_of,
     cordon_mask,
+    pinned,
     taint_mask,
     tolerates_cordon,
 )
@@ -175,20 +175,6 @@ def gpu_cost(placement: Placement, spec: NodeSpec) -> GpuCost:
     return GpuCost(milli, whole)
 
 
-def with_requirement(request: PodRequest, requirement: Requirement) -> PodRequest:
-    """``request`` with ``requirement`` ANDed into every affinity term (its own selector, affinity and
-    tolerations still apply); empty terms stay empty (they match nothing)."""
-    c = constraints_of(request)
-    terms = (tuple((*term, requirement) if term else term for term in c.affinity_terms) if c.affinity_terms
-             else ((requirement,),))
-    return replace(request, constraints=replace(c, affinity_terms=terms))
-
-
-def pinned(request: PodRequest, node: str) -> PodRequest:
-    """``request`` restricted to ``node`` (a node-name requirement, `with_requirement`)."""
-    return with_requirement(request, Requirement(NODE_NAME_FIELD, "In", (node,)))
-
-
 def fit_mask(snapshot: ClusterSnapshot, request: PodRequest, policy: Policy) -> np.ndarray:
     """Boolean per node: ``decide()`` would accept the node for ``request`` (filters, then the joint
     fit of every GPU shape for multi-shape pods)."""
@@ -208,18 +194,21 @@ class _NodePlan:
     costs: dict[str, GpuCost]
     victims: list[RunningPod] = field(default_factory=list)
     violations: int = 0
+    ranked: tuple[float, ...] | None = None  # key() but the tie rank, kept (a memo's plan is ranked again)
 
     def key(self, tie_rank: int) -> tuple[float, ...]:
-        """Smaller is better (see the module docstring for the order and why)."""
-        victims = self.victims
-        if not victims:
-            return (0, _NO_VICTIM, 0, 0, 0, 0, 0, tie_rank)
-        top = max(v.priority for v in victims)
-        gpu = sum((self.costs[v.uid] for v in victims), GpuCost())
-        priority_sum = sum(v.priority + PRIORITY_SHIFT for v in victims)
-        earliest_top = min(v.start_time for v in victims if v.priority == top)
-        # negated: the latest start sorts first
-        return (self.violations, top, gpu.milli, gpu.whole, priority_sum, len(victims), -earliest_top, tie_rank)
+        """Smaller is better (the module docstring says why); only once the plan is final (it is kept)."""
+        if self.ranked is None:
+            victims = self.victims
+            if not victims:
+                self.ranked = (0, _NO_VICTIM, 0, 0, 0, 0, 0)
+            else:
+                top = max(v.priority for v in victims)
+                gpu = sum((self.costs[v.uid] for v in victims), GpuCost())
+                priority_sum = sum(v.priority + PRIORITY_SHIFT for v in victims)
+                earliest_top = min(v.start_time for v in victims if v.priority == top)  # negated: latest first
+                self.ranked = (self.violations, top, gpu.milli, gpu.whole, priority_sum, len(victims), -earliest_top)
+        return (*self.ranked, tie_rank)
 
 
 def _importance(pod: RunningPod, cost: GpuCost) -> tuple[int, int, int, float, str]:
@@ -353,7 +342,7 @@ def plan_preemption(
                 plans[row] = plan
                 fresh.append(plan)
     if not plans:
-        remember(found, snapshot, by_row, known, bounded, viable, plans)
+        remember(found, snapshot, unknown, bounded, viable, plans)
         return None
 
     # Reprieve, one step for every node at once: add back each node's next pod; where the pod no longer
@@ -371,7 +360,7 @@ def plan_preemption(
     for plan in fresh:
         victims = sorted(plan.victims, key=lambda p: _importance(p, plan.costs[p.uid]))
         plan.violations = sum(count_down(victims, spent))
-    remember(found, snapshot, by_row, known, bounded, viable, plans)
+    remember(found, snapshot, unknown, bounded, viable, plans)
 
     best = min(plans.values(), key=lambda plan: plan.key(int(snapshot.tie_rank[plan.row])))
     node = snapshot.node_names[best.row]

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import is_
 from typing import Any
 
 from gpupool_sched.model.cluster import ClusterSnapshot
@@ -36,11 +37,6 @@ class NodeResult:
     bounded: bool  # passes the cheap bound (the pod might fit with all of them gone)
     viable: bool | None = None  # fits with all of them gone; None: not tried yet
     plan: Any = None  # viable: the node's reprieved plan (victims, violations); read-only once stored
-
-    def holds_for(self, version: int, pods: Sequence[Any]) -> bool:
-        own = self.pods
-        return (self.version == version and len(own) == len(pods)
-                and all(a is b for a, b in zip(own, pods, strict=True)))
 
 
 class PreemptionMemo:
@@ -77,29 +73,33 @@ def shape_key(request: PodRequest, priority: int, spent: Mapping[str, int] | Non
 
 def still_valid(found: dict[int, NodeResult] | None, snapshot: ClusterSnapshot,
                 by_row: Mapping[int, Sequence[Any]]) -> dict[int, NodeResult]:
-    """The entries of `found` that hold for the nodes as they are now (row version, same candidates)."""
+    """The entries of `found` that hold for the nodes as they are now: the row's version, and the same
+    candidate objects in the same order (identity, compared in C: this runs over every node with
+    candidates, each plan)."""
     known: dict[int, NodeResult] = {}
     if found:
-        versions = snapshot.version
+        versions = snapshot.version.tolist()  # Python ints: one conversion, not one per row
+        get = found.get
         for row, pods in by_row.items():
-            hit = found.get(row)
-            if hit is not None and hit.holds_for(int(versions[row]), pods):
+            hit = get(row)
+            if hit is not None and hit.version == versions[row] and len(hit.pods) == len(pods) and all(
+                    map(is_, hit.pods, pods)):
                 known[row] = hit
     return known
 
 
-def remember(found: dict[int, NodeResult] | None, snapshot: ClusterSnapshot, by_row: Mapping[int, Sequence[Any]],
-             known: Mapping[int, NodeResult], bounded: set[int], viable: Mapping[int, bool],
-             plans: Mapping[int, Any]) -> None:
+def remember(found: dict[int, NodeResult] | None, snapshot: ClusterSnapshot, unknown: Mapping[int, Sequence[Any]],
+             bounded: set[int], viable: Mapping[int, bool], plans: Mapping[int, Any]) -> None:
     """Keep what a plan found per node in `found` (nothing without a memo), once the plan is complete so
-    that no half-reprieved node is ever kept: new entries for the nodes it had none for, and whether the
-    pod fits (with the node's plan) for those it tried."""
+    that no half-reprieved node is ever kept: new entries for the nodes it had none valid for
+    (`unknown`: their candidates), and whether the pod fits (with the node's plan) for those it tried
+    (`viable`: each a node of `unknown` or one whose entry in `found` is valid). The nodes whose entries
+    were valid and not tried are not visited: the bookkeeping is for the nodes that changed."""
     if found is None:
         return
     versions = snapshot.version
-    for row, pods in by_row.items():
-        entry = known.get(row)
-        if entry is None:
-            entry = found[row] = NodeResult(int(versions[row]), tuple(pods), row in bounded)
-        if row in viable:
-            entry.viable, entry.plan = viable[row], plans.get(row)
+    for row, pods in unknown.items():
+        found[row] = NodeResult(int(versions[row]), tuple(pods), row in bounded)
+    for row, fits in viable.items():
+        entry = found[row]
+        entry.viable, entry.plan = fits, plans.get(row)

@@ -50,7 +50,7 @@ def node_pressure(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> np.nda
             np.divide(values.sum(axis=1), count, out=np.zeros(len(snapshot)), where=count > 0)
         )
 
-    return cached_for_profile(snapshot, "model-pressure", profile, build)
+    return cached_for_profile(snapshot, "model-pressure", profile, build, lambda pressure: pressure)  # read-only
 
 
 class ScarcityScore(ScorePlugin):

@@ -210,4 +210,5 @@ def forget_profile(snapshot: ClusterSnapshot, profile: WorkloadProfile) -> int:
     stale = [key for key, entry in snapshot.caches.items() if isinstance(entry, tuple) and entry[0] is profile]
     for key in stale:
         del snapshot.caches[key]
+        snapshot.carried.pop(key, None)
     return len(stale)

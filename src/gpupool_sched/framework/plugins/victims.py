@@ -123,6 +123,7 @@ def running_pods(state: ClusterState, budgets: DisruptionBudgets, below: int | N
     from (request, placement, node, key, labels, start, the budgets' generation); it is reused while all
     of them are the same objects, so a preemption does not rebuild thousands of unchanged candidates."""
     out: list[RunningPod] = []
+    append = out.append
     generation = budgets.generation if budgets.budgets else -1  # -1: no budget covers anything
     for entry in state.running(below):  # with `below`: only entries of lower priority are visited
         request = entry.request
@@ -130,7 +131,7 @@ def running_pods(state: ClusterState, budgets: DisruptionBudgets, below: int | N
         if (memo is not None and memo[0] is request and memo[1] is entry.placement and memo[2] == generation
                 and memo[3] is entry.labels and memo[4] == entry.started and memo[5] is entry.node
                 and memo[6] is entry.key and memo[7] is entry.uid):
-            out.append(memo[8])
+            append(memo[8])
             continue
         covering = budgets.covering(entry.key.partition("/")[0], entry.labels) if generation >= 0 else ()
         pod = RunningPod(entry.uid, entry.node, request.priority, request, entry.placement, entry.started,
