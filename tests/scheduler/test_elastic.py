@@ -300,3 +300,26 @@ def test_a_deleted_deployment_leaves_no_tier_series() -> None:
         assert service.metrics.registry.get_sample_value("gpupool_scheduler_elastic_replicas", labels) is None
 
     asyncio.run(with_service(test))
+
+
+def test_the_handover_is_measured_when_the_binding_answer_is_lost_but_it_landed() -> None:
+    """The waiting pod's Binding commits but its answer is lost: the read (or the watch) that settles it
+    ends the handover too, or the histogram misses the handovers of a busy API server."""
+    async def test(service: SchedulerService, server: ApiServer) -> None:
+        pods = six_replicas(service, server)
+        add(service, server, pod_obj("train", gpus=4))
+        await run_queue(service, rounds=3)
+        await service.elastic.writer.drain()
+        for pod in pods[4:6]:
+            gone(service, server, pod)
+        server.answer = "lost"
+        await run_queue(service, rounds=40, until=lambda: any(k == "ns/train" for k, _ in server.bindings))
+        for _ in range(50):
+            if metric(service, "gpupool_scheduler_elastic_handover_seconds_count"):
+                break
+            await asyncio.sleep(0.1)
+        assert ("ns/train", "n2") in server.bindings
+        assert metric(service, "gpupool_scheduler_bind_verified_total", outcome="bound") == 1
+        assert metric(service, "gpupool_scheduler_elastic_handover_seconds_count") == 1
+
+    asyncio.run(with_service(test))

@@ -292,6 +292,8 @@ class SchedulerService:
             self.pending.pop(uid, None)
             self.queue.delete(uid)
             self.defrag.forget(uid)
+            if kind != "DELETED" and (info.obj.get("spec") or {}).get("nodeName"):
+                self.elastic.bound(uid)  # bound, seen before the Binding's answer (lost, or late): a handover ends
             self.elastic.forget(uid)
             entry = self.state.pods.get(uid)
             if entry is not None and not entry.ours:
