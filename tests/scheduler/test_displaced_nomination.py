@@ -10,11 +10,9 @@ import asyncio
 from typing import Any
 
 from gpupool_common.handshake import AllocationAck, ack_annotations
-from gpupool_sched.framework.plugins.defrag_config import DefragConfig
-from gpupool_sched.framework.plugins.movers import JOBS
-from gpupool_sched.scheduler.service import PDBS, PRIORITY_CLASSES, SchedulerConfig, SchedulerService
-from tests.support.apiserver import NODES, PODS, ApiServer, serving
-from tests.support.defrag_service import run_queue
+from gpupool_sched.scheduler.service import SchedulerService
+from tests.support.apiserver import NODES, PODS, ApiServer
+from tests.support.defrag_service import run_queue, with_service
 from tests.support.objects import node_obj, pod_obj
 
 
@@ -63,18 +61,4 @@ def test_a_lower_nomination_whose_room_a_more_important_preemptor_takes_is_clear
         mid_uid = next(uid for uid, e in service.state.nominations.items() if e.key.endswith("/mid"))
         assert service.state.nominations[mid_uid].holds == set()  # its room is crit's now
 
-    async def main() -> None:
-        async with serving() as (server, api):
-            for path in (PDBS, PRIORITY_CLASSES, "/api/v1/namespaces", JOBS):
-                server.objects[path] = {}
-            service = SchedulerService(SchedulerConfig(defrag=DefragConfig(enabled=False)), api)
-            service.recorder.start()
-            try:
-                await test(service, server)
-            finally:
-                await service.recorder.stop()
-                await service.informers.stop()
-                await service.binder.drain()
-                await service.preemptor.drain()
-
-    asyncio.run(main())
+    asyncio.run(with_service(test, enabled=False))

@@ -37,6 +37,7 @@ from gpupool_sched.model.decision import Placement
 from gpupool_sched.placement.gang_preemption import GangPreemption
 from gpupool_sched.simulate.lifetimes import TimedPod
 from gpupool_sched.simulate.pacing import gpu_seconds
+from gpupool_sched.simulate.roomcount import fits_by_count
 from gpupool_sched.simulate.timerecord import Decision
 
 if TYPE_CHECKING:
@@ -195,15 +196,21 @@ class TimeGangs:
         t = self.timeline
         if gang.end and t.now >= gang.end:
             return False  # a rejoin whose gang is over
-        waiting = gang.waiting
-        result = t.cycle.schedule_gang([m.plan for m in waiting], len(waiting), t.candidates_for(waiting[0]))
-        t.stats.cycle_seconds += result.seconds
+        result = self._cycle(gang)
         if result.statement is not None and result.statement.placements:
             self._placed(gang, result.statement.placements)
             return True
         if result.preemption is not None:
             return self._preempted_for(gang, result)
         return False
+
+    def _cycle(self, gang: Gang) -> GangResult:
+        """The service's gang path for the waiting members: all of them (`need`), lower pods as candidates."""
+        t = self.timeline
+        waiting = gang.waiting
+        result = t.cycle.schedule_gang([m.plan for m in waiting], len(waiting), t.candidates_for(waiting[0]))
+        t.stats.cycle_seconds += result.seconds
+        return result
 
     def _preempted_for(self, gang: Gang, result: GangResult) -> bool:
         t = self.timeline
@@ -219,8 +226,7 @@ class TimeGangs:
                                         tuple(sorted(v.pod.request.name for v in victims))))
         t.evict(victims)  # their room becomes the members' holds; the gang takes it now
         waiting = gang.waiting
-        again = t.cycle.schedule_gang([m.plan for m in waiting], len(waiting), t.candidates_for(waiting[0]))
-        t.stats.cycle_seconds += again.seconds
+        again = self._cycle(gang)
         placed = again.statement is not None and bool(again.statement.placements)
         if placed:
             assert again.statement is not None
@@ -290,12 +296,8 @@ class TimeGangs:
             if gang in failed or (best is not None and gang.rank >= best.rank):
                 continue
             r = gang.pod.request
-            if r.cpu_milli > cpu or r.memory_mib > mem:
-                continue
-            if r.gpu_count and sum(1 for f, model in free if f >= r.gpu_milli
-                                   and (not r.gpu_models or model in r.gpu_models)) < r.gpu_count:
-                continue
-            best = gang
+            if fits_by_count(cpu, mem, free, r.cpu_milli, r.memory_mib, r.gpu_count, r.gpu_milli, r.gpu_models):
+                best = gang
         return best
 
     def give_up(self, gang: Gang) -> None:

@@ -36,6 +36,7 @@ from gpupool_sched.model.decision import Placement
 from gpupool_sched.placement.framework import Policy
 from gpupool_sched.placement.preemption import RunningPod
 from gpupool_sched.simulate.lifetimes import TimedPod
+from gpupool_sched.simulate.roomcount import fits_by_count
 from gpupool_sched.simulate.timegangs import Gang, TimeGangs
 from gpupool_sched.simulate.timemoves import EPOCH, Moves, owner_of
 from gpupool_sched.simulate.timerecord import Decision, Sample
@@ -365,10 +366,7 @@ class Timeline:
             for key, group in self.groups.items():
                 if key in failed:
                     continue
-                _, c, m, k, milli, accepted = key
-                if c > cpu or m > mem:
-                    continue
-                if k and sum(1 for f, model in free if f >= milli and (not accepted or model in accepted)) < k:
+                if not fits_by_count(cpu, mem, free, *key[1:]):
                     continue
                 head = next(iter(group.values()))
                 if best is None or (key[0], head.seq) < (self._group(best)[0], best.seq):
